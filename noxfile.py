@@ -1,0 +1,235 @@
+"""Every task of the repository, as nox sessions.
+
+    nox -t ci                 everything CI runs (the README's test command)
+    nox -s "tests(package='accel-state')"   one distribution, alone in a fresh venv
+    nox -s demo               the main job: the README's first command
+    nox -s bench              benchmarks against plain PyTorch and the reference release
+
+Installs are pinned by ``tools/constraints.txt`` (torch==2.13.0, the CPU build of this project's
+machines). ``ACCEL_CONSTRAINTS=/path/file`` uses another constraints file and
+``ACCEL_CONSTRAINTS=""`` drops the pin. uv does not read pip's configuration, so pip's find-links
+(``PIP_FIND_LINKS`` or ``pip config``) are handed to uv through ``UV_FIND_LINKS``.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import nox
+import tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parent
+PACKAGES = ROOT / "packages"
+REPORTS = ROOT / ".nox-reports"
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_existing_virtualenvs = False
+nox.options.sessions = ["deps", "lint", "tests", "trackers", "integration"]
+
+
+def _read_distributions() -> dict[str, dict]:
+    dists: dict[str, dict] = {}
+    for pyproject in sorted(PACKAGES.glob("*/pyproject.toml")):
+        meta = tomllib.loads(pyproject.read_text())["project"]
+        in_repo = [
+            req.split(">")[0].split("=")[0].split("<")[0].split("[")[0].strip() for req in meta.get("dependencies", [])
+        ]
+        dists[meta["name"]] = {"path": pyproject.parent, "requires": [r for r in in_repo if r.startswith("accel")]}
+    return dists
+
+
+DISTS = _read_distributions()
+# Order: the dependency order of DESIGN.md, the meta-package last.
+ORDER = [
+    d
+    for d in (
+        "accel-state",
+        "accel-data",
+        "accel-bigmodel",
+        "accel-quant",
+        "accel-tracking",
+        "accel-train",
+        "accel-launch",
+        "accel",
+    )
+    if d in DISTS
+]
+
+
+def _closure(name: str) -> list[str]:
+    """``name`` and every in-repo distribution it needs, dependencies first."""
+    seen: list[str] = []
+
+    def visit(dist: str) -> None:
+        for dep in DISTS[dist]["requires"]:
+            visit(dep)
+        if dist not in seen:
+            seen.append(dist)
+
+    visit(name)
+    return seen
+
+
+def _constraints() -> list[str]:
+    value = os.environ.get("ACCEL_CONSTRAINTS")
+    if value == "":
+        return []
+    path = pathlib.Path(value) if value else ROOT / "tools" / "constraints.txt"
+    return ["-c", str(path)]
+
+
+def _share_pip_find_links_with_uv() -> None:
+    if "UV_FIND_LINKS" in os.environ:
+        return
+    links = os.environ.get("PIP_FIND_LINKS")
+    if not links:
+        try:
+            links = subprocess.run(
+                [sys.executable, "-m", "pip", "config", "get", "global.find-links"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            links = ""
+    if links:
+        os.environ["UV_FIND_LINKS"] = ",".join(links.split())
+
+
+_share_pip_find_links_with_uv()
+
+
+def _install_local(session: nox.Session, *dists: str, extras: dict[str, str] | None = None) -> None:
+    """Install in-repo distributions from their folders (not from an index), with the torch pin."""
+    extras = extras or {}
+    targets = []
+    for dist in dists:
+        path = str(DISTS[dist]["path"])
+        targets.append(f"{path}[{extras[dist]}]" if dist in extras else path)
+    session.install(*_constraints(), *targets)
+
+
+def _pytest(session: nox.Session, report: str, *args: str) -> None:
+    REPORTS.mkdir(exist_ok=True)
+    session.run("pytest", "-q", "-ra", f"--junitxml={REPORTS / report}.xml", *args, *session.posargs)
+
+
+@nox.session(python=False, tags=["ci"])
+def clean_reports(session: nox.Session) -> None:
+    """Start a CI run with no test report of an earlier run."""
+    for report in REPORTS.glob("*.xml"):
+        report.unlink()
+
+
+@nox.session(python=False, tags=["ci"])
+def deps(session: nox.Session) -> None:
+    """The dependency graph of DESIGN.md holds: imports, version ranges, meta pins, CI command."""
+    session.run(sys.executable, str(ROOT / "tools" / "check_deps.py"))
+
+
+@nox.session(tags=["ci"])
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check over the whole repository."""
+    session.install("ruff")
+    session.run("ruff", "check", str(ROOT))
+    session.run("ruff", "format", "--check", str(ROOT))
+
+
+@nox.session(tags=["ci"])
+@nox.parametrize("package", ORDER)
+def tests(session: nox.Session, package: str) -> None:
+    """One distribution alone: a fresh venv with it, its in-repo dependencies and its test extra."""
+    needed = _closure(package)
+    _install_local(session, *needed, extras={package: "test"})
+    _pytest(session, f"tests-{package}", str(DISTS[package]["path"] / "tests"))
+
+
+TRACKER_EXTRAS = "tensorboard,wandb,comet_ml,aim,mlflow,clearml,dvclive,trackio,swanlab,test"
+
+
+@nox.session(tags=["ci"])
+def trackers(session: nox.Session) -> None:
+    """accel-tracking with every tracking backend installed, each tested against its real library."""
+    _install_local(session, *_closure("accel-tracking"), extras={"accel-tracking": TRACKER_EXTRAS})
+    _pytest(session, "trackers", str(DISTS["accel-tracking"]["path"] / "tests"), "-m", "trackers")
+
+
+@nox.session(tags=["ci"])
+def integration(session: nox.Session) -> None:
+    """End-to-end runs through the real ``accel launch``: multi-process, multi-machine, resume, offload."""
+    _install_local(session, *ORDER, extras={"accel": "test"})
+    session.install(*_constraints(), "numpy", "safetensors", "tqdm", "psutil")
+    _pytest(session, "integration", str(ROOT / "integration_tests"))
+
+
+@nox.session(tags=["ci"])
+def typecheck(session: nox.Session) -> None:
+    """mypy over every distribution's source."""
+    _install_local(session, *ORDER)
+    session.install("mypy")
+    session.run("mypy", *[str(DISTS[d]["path"] / "src") for d in ORDER])
+
+
+@nox.session(python=False, tags=["ci"])
+def summary(session: nox.Session) -> None:
+    """One closing line adding up every pytest report of this run."""
+    session.run(sys.executable, str(ROOT / "tools" / "test_summary.py"), str(REPORTS))
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """User guide plus API reference generated from docstrings, into docs/_build."""
+    _install_local(session, *ORDER)
+    session.install("pdoc")
+    out = ROOT / "docs" / "_build"
+    session.run("pdoc", "-o", str(out / "api"), *[d.replace("-", "_") for d in ORDER])
+    session.run(sys.executable, str(ROOT / "tools" / "build_guide.py"), str(ROOT / "docs"), str(out))
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job (README's first command)."""
+    _install_local(session, *ORDER)
+    session.install(*_constraints(), "numpy", "tqdm")
+    demo_script = ROOT / "examples" / "collectives_demo.py"
+    train_script = ROOT / "examples" / "train_demo.py"
+    if train_script.exists():
+        session.run("accel", "launch", "--cpu", "--num_processes", "2", str(train_script), *session.posargs)
+    else:
+        session.run("python", "-m", "torch.distributed.run", "--nproc_per_node", "2", str(demo_script))
+
+
+REFERENCE_VENV = ROOT / ".venv-reference"
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Every benchmark in tools/bench, beside plain PyTorch and the reference ``accelerate`` release."""
+    _install_local(session, *ORDER)
+    session.install(*_constraints(), "numpy", "safetensors", "psutil", "tqdm")
+    if not (REFERENCE_VENV / "bin" / "python").exists():
+        session.run("uv", "venv", "-q", str(REFERENCE_VENV), external=True)
+        session.run(
+            "uv",
+            "pip",
+            "install",
+            "-q",
+            "--python",
+            str(REFERENCE_VENV / "bin" / "python"),
+            *_constraints(),
+            "accelerate==1.15.0",
+            "numpy",
+            "safetensors",
+            "psutil",
+            external=True,
+        )
+    env = {"ACCEL_REFERENCE_PYTHON": str(REFERENCE_VENV / "bin" / "python")}
+    scripts = session.posargs or sorted(
+        str(p) for p in (ROOT / "tools" / "bench").glob("*.py") if not p.name.startswith("_")
+    )
+    for script in scripts:
+        session.run("python", script, env=env)

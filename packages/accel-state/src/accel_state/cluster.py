@@ -1,0 +1,120 @@
+"""Where this process sits in a run, read from the variables a launcher sets.
+
+Pure logic over a mapping of environment variables, so it is tested in-process. It understands
+``torch.distributed.run`` and ``accel launch`` (``RANK``/``WORLD_SIZE``/...), SLURM (``SLURM_*``)
+and MPI launchers (Open MPI ``OMPI_COMM_WORLD_*``, MPICH/Intel MPI ``PMI_*``, MVAPICH ``MV2_*``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+DEFAULT_MASTER_ADDR = "127.0.0.1"
+DEFAULT_MASTER_PORT = 29500
+
+
+@dataclass(frozen=True)
+class ProcessEnvironment:
+    """Rank, world and rendezvous address of this process; ``source`` says which launcher set them."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    master_addr: str = DEFAULT_MASTER_ADDR
+    master_port: int = DEFAULT_MASTER_PORT
+    source: str = "single"
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"world size must be at least 1, got {self.world_size} (from {self.source})")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(
+                f"rank {self.rank} is outside the world of {self.world_size} processes (from {self.source})"
+            )
+        if not 0 <= self.local_rank < max(self.local_world_size, 1):
+            raise ValueError(
+                f"local rank {self.local_rank} is outside the {self.local_world_size} local processes "
+                f"(from {self.source})"
+            )
+
+    @property
+    def is_distributed(self) -> bool:
+        """True when more than one process takes part."""
+        return self.world_size > 1
+
+    def torch_variables(self) -> dict[str, str]:
+        """The ``torch.distributed`` ``env://`` variables describing this process."""
+        return {
+            "RANK": str(self.rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+        }
+
+
+def _int(env: Mapping[str, str], *keys: str, default: int | None = None) -> int | None:
+    for key in keys:
+        raw = env.get(key)
+        if raw not in (None, ""):
+            try:
+                return int(str(raw).split("(")[0])
+            except ValueError:
+                raise ValueError(f"environment variable {key}={raw!r} must be an integer") from None
+    return default
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """First host name of a SLURM node list such as ``node[03-05,07],gpu1`` (here ``node03``)."""
+    nodelist = nodelist.strip()
+    match = re.match(r"^([^\[,]+)(?:\[([^\]]+)\])?", nodelist)
+    if not match:
+        raise ValueError(f"cannot read the SLURM node list {nodelist!r}")
+    prefix, ranges = match.group(1), match.group(2)
+    if ranges is None:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return prefix + first
+
+
+def detect(env: Mapping[str, str]) -> ProcessEnvironment:
+    """The :class:`ProcessEnvironment` described by ``env`` (a copy of ``os.environ``)."""
+    addr = env.get("MASTER_ADDR") or DEFAULT_MASTER_ADDR
+    port = _int(env, "MASTER_PORT", default=DEFAULT_MASTER_PORT) or DEFAULT_MASTER_PORT
+
+    world = _int(env, "WORLD_SIZE")
+    if world is not None and "RANK" in env:
+        rank = _int(env, "RANK", default=0) or 0
+        local_rank = _int(env, "LOCAL_RANK", default=rank if world == 1 else 0) or 0
+        local_world = _int(env, "LOCAL_WORLD_SIZE", default=world) or world
+        return ProcessEnvironment(rank, world, local_rank, local_world, addr, port, "torch")
+
+    mpi_world = _int(env, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
+    if mpi_world is not None and mpi_world > 1:
+        rank = _int(env, "OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK", default=0) or 0
+        local_rank = (
+            _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK", default=0) or 0
+        )
+        local_world = (
+            _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE", default=mpi_world)
+            or mpi_world
+        )
+        return ProcessEnvironment(rank, mpi_world, local_rank, local_world, addr, port, "mpi")
+
+    slurm_world = _int(env, "SLURM_NTASKS")
+    if slurm_world is not None and slurm_world > 1 and "SLURM_PROCID" in env:
+        rank = _int(env, "SLURM_PROCID", default=0) or 0
+        local_rank = _int(env, "SLURM_LOCALID", default=0) or 0
+        local_world = _int(env, "SLURM_NTASKS_PER_NODE", default=None)
+        if local_world is None:
+            nodes = _int(env, "SLURM_NNODES", "SLURM_JOB_NUM_NODES", default=1) or 1
+            local_world = max(slurm_world // nodes, 1)
+        if not env.get("MASTER_ADDR") and env.get("SLURM_JOB_NODELIST"):
+            addr = first_slurm_host(env["SLURM_JOB_NODELIST"])
+        return ProcessEnvironment(rank, slurm_world, local_rank, local_world, addr, port, "slurm")
+
+    return ProcessEnvironment(master_addr=addr, master_port=port)

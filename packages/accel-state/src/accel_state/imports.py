@@ -1,0 +1,345 @@
+"""Cheap, cached checks for optional packages and devices.
+
+Package checks look at import specs and distribution metadata only: they never import the package.
+Device checks import torch on first call and cache the answer.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+from functools import cache, lru_cache
+
+from accel_state.versions import compare_versions
+
+
+@cache
+def _is_package_available(import_name: str, metadata_name: str | None = None) -> bool:
+    """True when ``import_name`` can be imported and its distribution metadata is present."""
+    try:
+        if importlib.util.find_spec(import_name) is None:
+            return False
+    except (ImportError, ValueError):
+        return False
+    try:
+        importlib.metadata.version(metadata_name or import_name)
+    except importlib.metadata.PackageNotFoundError:
+        return metadata_name is None and import_name in ("torch_xla",)
+    return True
+
+
+def _version_ok(metadata_name: str, min_version: str | None) -> bool:
+    return min_version is None or compare_versions(importlib.metadata.version(metadata_name), ">=", min_version)
+
+
+def is_torch_available() -> bool:
+    return _is_package_available("torch")
+
+
+def is_numpy_available() -> bool:
+    return _is_package_available("numpy")
+
+
+def is_safetensors_available() -> bool:
+    return _is_package_available("safetensors")
+
+
+def is_yaml_available() -> bool:
+    return _is_package_available("yaml", "pyyaml")
+
+
+def is_psutil_available() -> bool:
+    return _is_package_available("psutil")
+
+
+def is_tqdm_available() -> bool:
+    return _is_package_available("tqdm")
+
+
+def is_rich_available() -> bool:
+    return _is_package_available("rich") and os.environ.get("ACCELERATE_DISABLE_RICH", "").lower() not in ("1", "true")
+
+
+def is_huggingface_hub_available() -> bool:
+    return _is_package_available("huggingface_hub", "huggingface-hub")
+
+
+def is_transformers_available() -> bool:
+    return _is_package_available("transformers")
+
+
+def is_timm_available() -> bool:
+    return _is_package_available("timm")
+
+
+def is_datasets_available() -> bool:
+    return _is_package_available("datasets")
+
+
+def is_peft_available() -> bool:
+    return _is_package_available("peft")
+
+
+def is_pandas_available() -> bool:
+    return _is_package_available("pandas")
+
+
+def is_matplotlib_available() -> bool:
+    return _is_package_available("matplotlib")
+
+
+def is_boto3_available() -> bool:
+    return _is_package_available("boto3")
+
+
+def is_sagemaker_available() -> bool:
+    return _is_package_available("sagemaker")
+
+
+def is_torchvision_available() -> bool:
+    return _is_package_available("torchvision")
+
+
+def is_triton_available() -> bool:
+    return _is_package_available("triton")
+
+
+def is_pynvml_available() -> bool:
+    return _is_package_available("pynvml", "nvidia-ml-py") or _is_package_available("pynvml")
+
+
+def is_torchdata_available() -> bool:
+    return _is_package_available("torchdata")
+
+
+def is_torchdata_stateful_dataloader_available() -> bool:
+    if not is_torchdata_available():
+        return False
+    return _version_ok("torchdata", "0.8.0") and importlib.util.find_spec("torchdata.stateful_dataloader") is not None
+
+
+def is_deepspeed_available() -> bool:
+    return _is_package_available("deepspeed")
+
+
+def is_megatron_lm_available() -> bool:
+    return _is_package_available("megatron", "megatron-core") or _is_package_available("megatron")
+
+
+def is_bnb_available(min_version: str | None = None) -> bool:
+    return _is_package_available("bitsandbytes") and _version_ok("bitsandbytes", min_version)
+
+
+def is_8bit_bnb_available() -> bool:
+    return is_bnb_available("0.37.2")
+
+
+def is_4bit_bnb_available() -> bool:
+    return is_bnb_available("0.39.0")
+
+
+def is_bitsandbytes_multi_backend_available() -> bool:
+    return is_bnb_available("0.45.0")
+
+
+def is_transformer_engine_available() -> bool:
+    return _is_package_available("transformer_engine", "transformer-engine") or _is_package_available(
+        "transformer_engine", "transformer_engine"
+    )
+
+
+def is_msamp_available() -> bool:
+    return _is_package_available("msamp", "ms-amp") or _is_package_available("msamp")
+
+
+def is_torchao_available() -> bool:
+    return _is_package_available("torchao")
+
+
+def is_lomo_available() -> bool:
+    return _is_package_available("lomo_optim", "lomo-optim")
+
+
+def is_schedulefree_available() -> bool:
+    return _is_package_available("schedulefree")
+
+
+def is_tensorboard_available() -> bool:
+    return _is_package_available("tensorboard") or _is_package_available("tensorboardX")
+
+
+def is_wandb_available() -> bool:
+    return _is_package_available("wandb")
+
+
+def is_comet_ml_available() -> bool:
+    return _is_package_available("comet_ml", "comet-ml") or _is_package_available("comet_ml")
+
+
+def is_aim_available() -> bool:
+    return _is_package_available("aim")
+
+
+def is_mlflow_available() -> bool:
+    return _is_package_available("mlflow") or _is_package_available("mlflow", "mlflow-skinny")
+
+
+def is_clearml_available() -> bool:
+    return _is_package_available("clearml")
+
+
+def is_dvclive_available() -> bool:
+    return _is_package_available("dvclive")
+
+
+def is_trackio_available() -> bool:
+    return _is_package_available("trackio")
+
+
+def is_swanlab_available() -> bool:
+    return _is_package_available("swanlab")
+
+
+def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:
+    """True when torch_xla is importable (and, if asked, runs on TPU or GPU)."""
+    if importlib.util.find_spec("torch_xla") is None:
+        return False
+    if not (check_is_tpu or check_is_gpu):
+        return True
+    try:
+        import torch_xla.runtime as xr  # type: ignore[import-not-found]
+
+        device = xr.device_type()
+    except Exception:
+        return False
+    return (check_is_tpu and device == "TPU") or (check_is_gpu and device in ("GPU", "CUDA"))
+
+
+def is_ipex_available() -> bool:
+    return _is_package_available("intel_extension_for_pytorch")
+
+
+def is_ccl_available() -> bool:
+    return _is_package_available("oneccl_bindings_for_pytorch") or _is_package_available("torch_ccl")
+
+
+def is_pippy_available() -> bool:
+    """Pipeline parallelism ships inside torch as ``torch.distributed.pipelining`` (torch >= 2.4)."""
+    return importlib.util.find_spec("torch.distributed.pipelining") is not None
+
+
+# --- devices (import torch lazily, cached) -------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def is_cuda_available() -> bool:
+    """True when a CUDA device can be used; asks NVML first so it does not initialise CUDA."""
+    import torch
+
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+@lru_cache(maxsize=1)
+def is_mps_available(min_version: str = "1.12") -> bool:
+    import torch
+
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available() and backend.is_built())
+
+
+@lru_cache(maxsize=1)
+def is_xpu_available(check_device: bool = False) -> bool:
+    import torch
+
+    xpu = getattr(torch, "xpu", None)
+    if xpu is None:
+        return False
+    try:
+        return bool(xpu.is_available()) and (not check_device or xpu.device_count() > 0)
+    except Exception:
+        return False
+
+
+def _device_module_available(name: str, package: str | None) -> bool:
+    if package is not None and importlib.util.find_spec(package) is None:
+        return False
+    import torch
+
+    if package is not None:
+        try:
+            importlib.import_module(package)
+        except Exception:
+            return False
+    module = getattr(torch, name, None)
+    try:
+        return bool(module is not None and module.is_available())
+    except Exception:
+        return False
+
+
+@lru_cache(maxsize=1)
+def is_npu_available(check_device: bool = False) -> bool:
+    return _device_module_available("npu", "torch_npu")
+
+
+@lru_cache(maxsize=1)
+def is_mlu_available(check_device: bool = False) -> bool:
+    return _device_module_available("mlu", "torch_mlu")
+
+
+@lru_cache(maxsize=1)
+def is_musa_available(check_device: bool = False) -> bool:
+    return _device_module_available("musa", "torch_musa")
+
+
+@lru_cache(maxsize=1)
+def is_sdaa_available(check_device: bool = False) -> bool:
+    return _device_module_available("sdaa", "torch_sdaa")
+
+
+@lru_cache(maxsize=1)
+def is_hpu_available(init_hccl: bool = False) -> bool:
+    return _device_module_available("hpu", "habana_frameworks")
+
+
+@lru_cache(maxsize=1)
+def is_bf16_available(ignore_tpu: bool = False) -> bool:
+    """True when bf16 arithmetic is supported on the device this process would use (CPU counts)."""
+    import torch
+
+    if is_cuda_available():
+        return bool(torch.cuda.is_bf16_supported())
+    if is_mps_available():
+        return True
+    return True
+
+
+@lru_cache(maxsize=1)
+def is_fp16_available() -> bool:
+    """True when fp16 mixed precision can run (any accelerator, or CPU with a recent torch)."""
+    return True
+
+
+@lru_cache(maxsize=1)
+def is_fp8_available() -> bool:
+    """True when an FP8 backend (TransformerEngine, MS-AMP or torchao) is installed."""
+    return is_transformer_engine_available() or is_msamp_available() or is_torchao_available()
+
+
+def is_mpi_available() -> bool:
+    import torch.distributed as dist
+
+    return bool(dist.is_available() and dist.is_mpi_available())
+
+
+def is_import_timer_available() -> bool:
+    return _is_package_available("import_timer")
+
+
+def get_ccl_version() -> str:
+    return importlib.metadata.version("oneccl_bind_pt")

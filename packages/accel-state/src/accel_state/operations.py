@@ -1,0 +1,250 @@
+"""Collective operations on tensors and nested structures of tensors.
+
+Each is a no-op (or the obvious identity) in a single process, and a clear error when the launcher
+says there are several processes but ``torch.distributed`` was never initialised. In debug mode
+(``ACCELERATE_DEBUG_MODE=1``) the processes first compare the shapes they are about to send and
+all raise :class:`DistributedOperationException`, naming every rank's shapes, instead of hanging.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from accel_state import cluster
+from accel_state.nested import (  # noqa: F401  (re-exported: the documented home of these names)
+    ConvertOutputsToFp32,
+    DistributedOperationException,
+    TensorInformation,
+    concatenate,
+    convert_outputs_to_fp32,
+    convert_to_fp32,
+    find_batch_size,
+    find_device,
+    get_data_structure,
+    get_shape,
+    honor_type,
+    ignorant_find_batch_size,
+    initialize_tensors,
+    is_namedtuple,
+    is_tensor_information,
+    is_torch_tensor,
+    listify,
+    recursively_apply,
+    send_to_device,
+    slice_tensors,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def world_size(operation: str = "this operation") -> int:
+    """Number of processes; an error if the launcher says several but no process group exists."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    expected = cluster.detect(os.environ).world_size
+    if expected > 1:
+        raise RuntimeError(
+            f"{operation} needs torch.distributed, but it is not initialized although the launcher started "
+            f"{expected} processes. Create `PartialState()` or `Accelerator()` before calling it."
+        )
+    return 1
+
+
+def _debug_mode() -> bool:
+    return os.environ.get("ACCELERATE_DEBUG_MODE", "").lower() in ("1", "true", "yes", "on", "y", "t")
+
+
+def _describe(data: Any) -> Any:
+    return recursively_apply(lambda t: f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}", data)
+
+
+def verify_operation(function: F) -> F:
+    """In debug mode, check that every process sends tensors of the same shapes before ``function`` runs."""
+
+    @wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        name = function.__name__
+        if not _debug_mode() or world_size(name) == 1:
+            return function(*args, **kwargs)
+        tensor = kwargs["tensor"] if "tensor" in kwargs else args[0]
+        mine = (name, _describe(tensor))
+        everyone: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+        if any(entry != everyone[0] for entry in everyone):
+            detail = "\n".join(
+                f"  - rank {rank}: {op} with shapes {shapes}" for rank, (op, shapes) in enumerate(everyone)
+            )
+            raise DistributedOperationException(
+                f"Cannot apply the desired operation `{name}` because the tensors differ across processes "
+                f"(the operation and shapes each process sent):\n{detail}"
+            )
+        return function(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def chained_operation(function: F) -> F:
+    """Re-raise a :class:`DistributedOperationException` from an inner collective with the outer name."""
+
+    @wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except DistributedOperationException as error:
+            raise DistributedOperationException(
+                f"Error found while calling `{function.__name__}`. Please see the earlier error for more details."
+            ) from error
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.ndim == 0:
+        tensor = tensor.clone()[None]
+    tensor = tensor.contiguous()
+    size = dist.get_world_size()
+    if dist.get_backend() != "gloo":
+        out = torch.empty((size * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+        dist.all_gather_into_tensor(out, tensor)
+        return out
+    parts = [torch.empty_like(tensor) for _ in range(size)]
+    dist.all_gather(parts, tensor)
+    return torch.cat(parts, dim=0)
+
+
+@verify_operation
+def gather(tensor: Any) -> Any:
+    """Concatenate ``tensor`` (or each tensor in a nested structure) from every process along dim 0."""
+    if world_size("gather") == 1:
+        return tensor
+    return recursively_apply(_gather_one, tensor, error_on_other_type=True)
+
+
+def gather_object(object: Any) -> list[Any]:
+    """Gather picklable objects from every process; lists are concatenated, other objects listed."""
+    if world_size("gather_object") == 1:
+        return object
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, object)
+    if all(isinstance(item, (list, tuple)) for item in everyone):
+        return [x for item in everyone for x in item]
+    return everyone
+
+
+def _broadcast_one(tensor: torch.Tensor, src: int) -> torch.Tensor:
+    tensor = tensor.contiguous()
+    dist.broadcast(tensor, src=src)
+    return tensor
+
+
+@verify_operation
+def broadcast(tensor: Any, from_process: int = 0) -> Any:
+    """Send ``tensor`` (or a nested structure of tensors) from ``from_process`` to every process."""
+    if world_size("broadcast") == 1:
+        return tensor
+    return recursively_apply(_broadcast_one, tensor, error_on_other_type=True, src=from_process)
+
+
+def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
+    """Replace, in place, the items of ``object_list`` by those of process ``from_process``."""
+    if world_size("broadcast_object_list") == 1:
+        return object_list
+    dist.broadcast_object_list(object_list, src=from_process)
+    return object_list
+
+
+@verify_operation
+def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
+    """Sum (``sum``), average (``mean``) or leave (``none``) tensors across processes, times ``scale``."""
+    if reduction not in ("sum", "mean", "none"):
+        raise ValueError(f"reduction must be 'sum', 'mean' or 'none', got {reduction!r}")
+    size = world_size("reduce")
+
+    def _reduce_one(t: torch.Tensor) -> torch.Tensor:
+        out = t.clone()
+        if size > 1 and reduction != "none":
+            dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        if reduction == "mean":
+            out = out / size
+        return out * scale if scale != 1.0 else out
+
+    return recursively_apply(_reduce_one, tensor, error_on_other_type=True)
+
+
+@chained_operation
+def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+    """Pad tensors along ``dim`` with ``pad_index`` to the largest size among processes, so they can be gathered."""
+    size = world_size("pad_across_processes")
+
+    def _pad_one(t: torch.Tensor) -> torch.Tensor:
+        if dim >= t.ndim or dim < -t.ndim or size == 1:
+            return t
+        shape = torch.tensor(t.shape, device=t.device)[None]
+        sizes = _gather_one(shape).cpu()
+        longest = int(sizes[:, dim].max())
+        if longest == t.shape[dim]:
+            return t
+        new_shape = list(t.shape)
+        new_shape[dim] = longest
+        out = t.new_full(new_shape, pad_index)
+        index = [slice(None)] * t.ndim
+        index[dim] = slice(longest - t.shape[dim], longest) if pad_first else slice(0, t.shape[dim])
+        out[tuple(index)] = t
+        return out
+
+    return recursively_apply(_pad_one, tensor, error_on_other_type=True)
+
+
+def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int = 0) -> Any:
+    """Pad tensors along ``dim`` (repeating zeros) so ``batch_size`` divides evenly by ``num_processes``."""
+    remainder = batch_size % num_processes
+    if remainder == 0:
+        return tensor
+    missing = num_processes - remainder
+
+    def _pad_one(t: torch.Tensor) -> torch.Tensor:
+        if dim >= t.ndim:
+            return t
+        shape = list(t.shape)
+        shape[dim] = missing
+        return torch.cat([t, t.new_zeros(shape)], dim=dim)
+
+    return recursively_apply(_pad_one, tensor, error_on_other_type=True)
+
+
+def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
+    """Send a tensor that exists on process 0 only to every process (others pass ``None``)."""
+    if world_size("copy_tensor_to_devices") == 1:
+        if tensor is None:
+            raise ValueError("copy_tensor_to_devices needs a tensor on the main process")
+        return tensor
+    rank = dist.get_rank()
+    meta: list[Any] = [
+        (tuple(tensor.shape), tensor.dtype, str(tensor.device)) if rank == 0 and tensor is not None else None
+    ]
+    dist.broadcast_object_list(meta, src=0)
+    if meta[0] is None:
+        raise ValueError("copy_tensor_to_devices needs a tensor on process 0")
+    shape, dtype, device = meta[0]
+    if rank != 0:
+        from accel_state.state import PartialState, is_initialized
+
+        target = PartialState().device if is_initialized() else torch.device(device)
+        tensor = torch.empty(shape, dtype=dtype, device=target)
+    assert tensor is not None
+    dist.broadcast(tensor, src=0)
+    return tensor
+
+
+def gather_tensor_shape(tensor: torch.Tensor) -> list[int]:
+    """Shape of the tensor held by process 0, known on every process."""
+    meta: list[Any] = [list(tensor.shape) if tensor is not None else None]
+    if world_size("gather_tensor_shape") > 1:
+        dist.broadcast_object_list(meta, src=0)
+    return meta[0]

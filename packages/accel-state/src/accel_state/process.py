@@ -1,0 +1,53 @@
+"""Module-level process control: the same helpers as the methods of ``PartialState``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accel_state.state import PartialState
+
+
+def wait_for_everyone() -> None:
+    """Block until every process reaches this point (no-op in a single process)."""
+    PartialState().wait_for_everyone()
+
+
+def is_main_process() -> bool:
+    return PartialState().is_main_process
+
+
+def is_local_main_process() -> bool:
+    return PartialState().is_local_main_process
+
+
+def on_main_process(function: Any) -> Any:
+    """Decorator: run ``function`` on the main process only."""
+    return PartialState().on_main_process(function)
+
+
+def on_local_main_process(function: Any) -> Any:
+    return PartialState().on_local_main_process(function)
+
+
+def on_last_process(function: Any) -> Any:
+    return PartialState().on_last_process(function)
+
+
+def on_process(function: Any = None, process_index: int | None = None) -> Any:
+    return PartialState().on_process(function, process_index=process_index)
+
+
+def on_local_process(function: Any = None, local_process_index: int | None = None) -> Any:
+    return PartialState().on_local_process(function, local_process_index=local_process_index)
+
+
+def main_process_first() -> Any:
+    return PartialState().main_process_first()
+
+
+def local_main_process_first() -> Any:
+    return PartialState().local_main_process_first()
+
+
+def split_between_processes(inputs: Any, apply_padding: bool = False) -> Any:
+    return PartialState().split_between_processes(inputs, apply_padding=apply_padding)

@@ -1,0 +1,168 @@
+"""Run a function on several real CPU processes joined by gloo: the one helper every package's
+multi-rank tests use.
+
+``run_distributed(fn, world_size=2)`` starts fresh processes for one call. ``DistributedPool`` keeps
+``world_size`` processes (and their process group) alive between calls, so a test suite pays for
+process start-up once. In both, ``fn`` must be importable by name (defined at module level) and its
+arguments and results picklable. An exception on any rank is re-raised here with every rank's
+traceback; a rank that does not answer within ``timeout`` seconds fails the call instead of hanging.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue as queue_module
+import socket
+import traceback
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+
+class DistributedTestFailure(AssertionError):
+    """One or more ranks raised (or did not answer); the message holds each rank's traceback."""
+
+
+def free_port() -> int:
+    """A TCP port on the loopback interface that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _rank_env(rank: int, world_size: int, port: int, extra: Mapping[str, str] | None) -> dict[str, str]:
+    env = {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "ACCELERATE_USE_CPU": "true",
+        "OMP_NUM_THREADS": "1",
+    }
+    env.update(extra or {})
+    return env
+
+
+def _worker(rank: int, env: dict[str, str], tasks: Any, results: Any) -> None:
+    os.environ.update(env)
+    import torch
+
+    torch.set_num_threads(1)
+    while True:
+        task = tasks.get()
+        if task is None:
+            break
+        fn, args, kwargs = task
+        try:
+            results.put((rank, True, fn(*args, **kwargs)))
+        except BaseException:
+            results.put((rank, False, traceback.format_exc()))
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+class DistributedPool:
+    """``world_size`` CPU processes that run functions together; reuse it across tests."""
+
+    def __init__(self, world_size: int = 2, timeout: float = 120.0, env: Mapping[str, str] | None = None) -> None:
+        self.world_size = world_size
+        self.timeout = timeout
+        self._env = dict(env or {})
+        self._procs: list[Any] = []
+        self._tasks: list[Any] = []
+        self._results: Any = None
+
+    def start(self) -> DistributedPool:
+        ctx = mp.get_context("spawn")
+        port = free_port()
+        self._results = ctx.Queue()
+        self._tasks = [ctx.Queue() for _ in range(self.world_size)]
+        self._procs = [
+            ctx.Process(
+                target=_worker,
+                args=(rank, _rank_env(rank, self.world_size, port, self._env), self._tasks[rank], self._results),
+                daemon=True,
+            )
+            for rank in range(self.world_size)
+        ]
+        for proc in self._procs:
+            proc.start()
+        return self
+
+    def close(self) -> None:
+        for tasks in self._tasks:
+            try:
+                tasks.put(None)
+            except Exception:
+                pass
+        for proc in self._procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        self._procs = []
+
+    def __enter__(self) -> DistributedPool:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None, **kwargs: Any) -> list[Any]:
+        """Call ``fn(*args, **kwargs)`` on every rank; results in rank order."""
+        if not self._procs:
+            self.start()
+        for tasks in self._tasks:
+            tasks.put((fn, args, kwargs))
+        answers: dict[int, tuple[bool, Any]] = {}
+        limit = self.timeout if timeout is None else timeout
+        try:
+            while len(answers) < self.world_size:
+                rank, ok, value = self._results.get(timeout=limit)
+                answers[rank] = (ok, value)
+        except queue_module.Empty:
+            missing = [rank for rank in range(self.world_size) if rank not in answers]
+            self._restart()
+            errors = {rank: value for rank, (ok, value) in answers.items() if not ok}
+            raise DistributedTestFailure(
+                f"{getattr(fn, '__name__', fn)}: rank(s) {missing} did not answer within {limit} s"
+                + "".join(f"\n--- rank {rank} raised:\n{text}" for rank, text in errors.items())
+            ) from None
+        failures = {rank: value for rank, (ok, value) in answers.items() if not ok}
+        if failures:
+            self._restart()
+            raise DistributedTestFailure(
+                f"{getattr(fn, '__name__', fn)} failed on rank(s) {sorted(failures)}"
+                + "".join(f"\n--- rank {rank}:\n{text}" for rank, text in sorted(failures.items()))
+            )
+        return [answers[rank][1] for rank in range(self.world_size)]
+
+    def _restart(self) -> None:
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(timeout=5)
+        self._procs = []
+
+
+def run_distributed(
+    fn: Callable[..., Any],
+    *args: Any,
+    world_size: int = 2,
+    timeout: float = 120.0,
+    env: Mapping[str, str] | None = None,
+    **kwargs: Any,
+) -> list[Any]:
+    """Call ``fn(*args, **kwargs)`` in ``world_size`` fresh processes; results in rank order."""
+    with DistributedPool(world_size, timeout=timeout, env=env) as pool:
+        return pool.run(fn, *args, **kwargs)
