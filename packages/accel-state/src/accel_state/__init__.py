@@ -28,7 +28,6 @@ _export(
     "RNGType",
     "DynamoBackend",
     "SageMakerDistributedType",
-    "LoggerType",
 )
 _export("kwargs", "KwargsHandler", "InitProcessGroupKwargs")
 _export(

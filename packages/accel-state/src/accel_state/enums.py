@@ -109,21 +109,6 @@ class DynamoBackend(_StrEnum):
     HPU_BACKEND = "HPU_BACKEND"
 
 
-class LoggerType(_StrEnum):
-    """Experiment trackers known by name (implemented in accel-tracking)."""
-
-    ALL = "all"
-    AIM = "aim"
-    TENSORBOARD = "tensorboard"
-    WANDB = "wandb"
-    COMETML = "comet_ml"
-    MLFLOW = "mlflow"
-    CLEARML = "clearml"
-    DVCLIVE = "dvclive"
-    SWANLAB = "swanlab"
-    TRACKIO = "trackio"
-    JSONL = "jsonl"
-
 
 class GradientAccumulationBehaviour(_StrEnum):
     """Placeholder kept for name compatibility; not used by the documented API."""

@@ -1,0 +1,60 @@
+"""Shared helpers of the benchmarks: timing, the reference ``accelerate`` interpreter, ratio lines.
+
+Benchmarks are scripts, not tests: each prints ratios of accel against plain PyTorch and against the
+reference ``accelerate`` release measured in the same run. The reference runs in its own venv
+(``nox -s bench`` builds ``.venv-reference``; ``ACCEL_REFERENCE_PYTHON`` points elsewhere).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def reference_python() -> str | None:
+    """Interpreter with the reference ``accelerate`` installed, or None when there is none."""
+    candidate = os.environ.get("ACCEL_REFERENCE_PYTHON") or str(ROOT / ".venv-reference" / "bin" / "python")
+    return candidate if pathlib.Path(candidate).exists() else None
+
+
+def median_seconds(fn: Callable[[], Any], repeat: int = 7, warmup: int = 1) -> float:
+    """Median wall time of ``fn()`` over ``repeat`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run_json(python: str, script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 1800) -> Any:
+    """Run ``python script args`` and parse the last line of its output as JSON."""
+    result = subprocess.run(
+        [python, script, *args], capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **(env or {})}, check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{python} {script} {' '.join(args)} failed:\n{result.stderr[-4000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def ratio_line(label: str, value: float, baseline: float, unit: str = "s", goal: str = "") -> str:
+    """One aligned line: label, value, baseline and their ratio (and the goal, if any)."""
+    ratio = value / baseline if baseline else float("inf")
+    goal_text = f"   goal {goal}" if goal else ""
+    return f"{label:<58} {value:10.4f} {unit} / {baseline:10.4f} {unit} = {ratio:6.3f}{goal_text}"
+
+
+def this_python() -> str:
+    return sys.executable
