@@ -12,7 +12,9 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def run_command(args: list[str], timeout: float = 300, env: dict[str, str] | None = None, cwd: str | None = None) -> subprocess.CompletedProcess:
+def run_command(
+    args: list[str], timeout: float = 300, env: dict[str, str] | None = None, cwd: str | None = None
+) -> subprocess.CompletedProcess:
     """Run ``args`` with this interpreter's environment (plus ``env``); output captured as text."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd, check=False)

@@ -41,8 +41,12 @@ def median_seconds(fn: Callable[[], Any], repeat: int = 7, warmup: int = 1) -> f
 def run_json(python: str, script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 1800) -> Any:
     """Run ``python script args`` and parse the last line of its output as JSON."""
     result = subprocess.run(
-        [python, script, *args], capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, **(env or {})}, check=False,
+        [python, script, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        check=False,
     )
     if result.returncode != 0:
         raise RuntimeError(f"{python} {script} {' '.join(args)} failed:\n{result.stderr[-4000:]}")

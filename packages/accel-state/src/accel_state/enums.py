@@ -109,7 +109,6 @@ class DynamoBackend(_StrEnum):
     HPU_BACKEND = "HPU_BACKEND"
 
 
-
 class GradientAccumulationBehaviour(_StrEnum):
     """Placeholder kept for name compatibility; not used by the documented API."""
 

@@ -1,0 +1,186 @@
+"""Every collective and process-control helper on two real gloo processes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+import pytest
+import torch
+
+from accel_state.testing import DistributedPool, DistributedTestFailure, run_distributed
+
+
+class Pair(NamedTuple):
+    left: torch.Tensor
+    right: torch.Tensor
+
+
+def _state() -> Any:
+    from accel_state.state import PartialState
+
+    return PartialState()
+
+
+def collectives_on_nested_data() -> dict[str, Any]:
+    from accel_state import operations as ops
+
+    state = _state()
+    rank = state.process_index
+    nested = {"a": torch.full((2,), float(rank)), "b": [Pair(torch.tensor([rank]), torch.ones(1, 2) * rank)]}
+    gathered = ops.gather(nested)
+    scalar = ops.gather(torch.tensor(float(rank)))
+    ragged = torch.arange(rank + 2)  # lengths 2 and 3
+    padded = ops.pad_across_processes(ragged, pad_index=-1)
+    padded_first = ops.pad_across_processes(torch.ones(rank + 1, 2), dim=0, pad_first=True)
+    matrix = ops.pad_across_processes(torch.ones(2, rank + 1), dim=1)
+    return {
+        "type": (type(gathered).__name__, type(gathered["b"][0]).__name__),
+        "a": gathered["a"].tolist(),
+        "left": gathered["b"][0].left.tolist(),
+        "right_shape": tuple(gathered["b"][0].right.shape),
+        "scalar": scalar.tolist(),
+        "objects": ops.gather_object([f"r{rank}", rank]),
+        "single_objects": ops.gather_object({"rank": rank}),
+        "sum": ops.reduce(torch.tensor([rank + 1.0]), "sum").item(),
+        "mean": ops.reduce({"x": torch.tensor([rank * 2.0])}, "mean")["x"].item(),
+        "none": ops.reduce(torch.tensor([rank + 0.0]), "none").item(),
+        "broadcast": ops.broadcast(torch.tensor([rank + 10]), from_process=1).item(),
+        "objects_from_0": ops.broadcast_object_list([{"r": rank}, rank], from_process=0),
+        "padded": padded.tolist(),
+        "padded_first": padded_first[:, 0].tolist(),
+        "matrix_shape": tuple(matrix.shape),
+        "copied": ops.copy_tensor_to_devices(torch.arange(3) if rank == 0 else None).tolist(),
+    }
+
+
+def test_collectives_on_two_processes(dist_pool: DistributedPool) -> None:
+    r0, r1 = dist_pool.run(collectives_on_nested_data)
+    assert r0["type"] == ("dict", "Pair")
+    assert r0["a"] == r1["a"] == [0.0, 0.0, 1.0, 1.0]
+    assert r0["left"] == [0, 1] and r0["right_shape"] == (2, 2)
+    assert r0["scalar"] == [0.0, 1.0]
+    assert r0["objects"] == ["r0", 0, "r1", 1]
+    assert r1["single_objects"] == [{"rank": 0}, {"rank": 1}]
+    assert r0["sum"] == r1["sum"] == 3.0
+    assert r0["mean"] == r1["mean"] == 1.0
+    assert (r0["none"], r1["none"]) == (0.0, 1.0)
+    assert r0["broadcast"] == r1["broadcast"] == 11
+    assert r1["objects_from_0"] == [{"r": 0}, 0]
+    assert r0["padded"] == [0, 1, -1] and r1["padded"] == [0, 1, 2]
+    assert r0["padded_first"] == [0.0, 1.0] and r1["padded_first"] == [1.0, 1.0]
+    assert r0["matrix_shape"] == r1["matrix_shape"] == (2, 2)
+    assert r1["copied"] == [0, 1, 2]
+
+
+def process_control() -> dict[str, Any]:
+    from accel_state import operations as ops
+
+    state = _state()
+    rank = state.process_index
+    order: list[float] = []
+    with state.main_process_first():
+        order.append(time.monotonic())
+        if state.is_main_process:
+            time.sleep(0.3)
+    stamps = ops.gather_object([order[0]])
+    ran = []
+    state.on_main_process(lambda: ran.append("main"))()
+    state.on_last_process(lambda: ran.append("last"))()
+    state.on_process(process_index=1)(lambda: ran.append("p1"))()
+    state.on_local_process(local_process_index=0)(lambda: ran.append("l0"))()
+    with state.split_between_processes(list(range(5))) as share:
+        shares = share
+    with state.split_between_processes({"x": torch.arange(5)}, apply_padding=True) as padded:
+        padded_share = padded["x"].tolist()
+    return {
+        "rank": rank,
+        "main_first": stamps[0] <= stamps[1],
+        "ran": ran,
+        "share": shares,
+        "padded": padded_share,
+        "world": (state.num_processes, state.distributed_type.value, state.backend, state.use_distributed),
+        "flags": (state.is_main_process, state.is_local_main_process, state.is_last_process),
+    }
+
+
+def test_process_control_on_two_processes(dist_pool: DistributedPool) -> None:
+    r0, r1 = dist_pool.run(process_control)
+    assert r0["main_first"] and r1["main_first"]
+    assert r0["world"] == (2, "MULTI_CPU", "gloo", True)
+    assert r0["flags"] == (True, True, False) and r1["flags"] == (False, False, True)
+    assert r0["ran"] == ["main", "l0"] and r1["ran"] == ["last", "p1"]
+    assert r0["share"] == [0, 1, 2] and r1["share"] == [3, 4]
+    assert r0["padded"] == [0, 1, 2] and r1["padded"] == [3, 4, 4]
+
+
+def rng_and_logging() -> dict[str, Any]:
+    import logging
+
+    from accel_state.enums import RNGType
+    from accel_state.logging import get_logger
+    from accel_state.random import set_seed, synchronize_rng_states
+
+    state = _state()
+    set_seed(100, device_specific=True)
+    differs = torch.rand(1).item()
+    torch.manual_seed(state.process_index)
+    generator = torch.Generator().manual_seed(50 + state.process_index)
+    synchronize_rng_states([RNGType.TORCH, "generator"], generator=generator)
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logger = get_logger(f"accel_dist_test_{state.process_index}", log_level="INFO")
+    logger.logger.addHandler(Keep())
+    logger.info("main only")
+    logger.info("all", main_process_only=False)
+    logger.info("ordered", main_process_only=False, in_order=True)
+    return {
+        "differs": differs,
+        "torch": torch.rand(2).tolist(),
+        "gen": torch.rand(2, generator=generator).tolist(),
+        "logs": records,
+    }
+
+
+def test_rng_synchronisation_and_logger(dist_pool: DistributedPool) -> None:
+    r0, r1 = dist_pool.run(rng_and_logging)
+    assert r0["differs"] != r1["differs"]
+    assert r0["torch"] == r1["torch"]
+    assert r0["gen"] == r1["gen"]
+    assert r0["logs"] == ["main only", "all", "ordered"]
+    assert r1["logs"] == ["all", "ordered"]
+
+
+def mismatched_gather() -> None:
+    state = _state()
+    from accel_state.operations import gather
+
+    gather({"x": torch.ones(state.process_index + 1, 3)})
+
+
+def test_debug_mode_turns_a_shape_mismatch_into_an_error_on_every_rank() -> None:
+    start = time.monotonic()
+    with pytest.raises(DistributedTestFailure) as failure:
+        run_distributed(mismatched_gather, env={"ACCELERATE_DEBUG_MODE": "1"}, timeout=60)
+    elapsed = time.monotonic() - start
+    text = str(failure.value)
+    assert "failed on rank(s) [0, 1]" in text
+    assert text.count("DistributedOperationException") >= 2
+    assert "rank 0: gather with shapes {'x': '(1, 3) float32'}" in text
+    assert "rank 1: gather with shapes {'x': '(2, 3) float32'}" in text
+    assert elapsed < 60
+
+
+def failing_on_rank_one() -> None:
+    if _state().process_index == 1:
+        raise ValueError("only rank one breaks")
+
+
+def test_pool_reports_which_rank_failed_and_recovers(dist_pool: DistributedPool) -> None:
+    with pytest.raises(DistributedTestFailure, match="(?s)failed on rank\\(s\\) \\[1\\].*only rank one breaks"):
+        dist_pool.run(failing_on_rank_one)
+    assert [r["rank"] for r in dist_pool.run(process_control)] == [0, 1]
