@@ -109,12 +109,11 @@ def detect(env: Mapping[str, str]) -> ProcessEnvironment:
     if slurm_world is not None and slurm_world > 1 and "SLURM_PROCID" in env:
         rank = _int(env, "SLURM_PROCID", default=0) or 0
         local_rank = _int(env, "SLURM_LOCALID", default=0) or 0
-        local_world = _int(env, "SLURM_NTASKS_PER_NODE", default=None)
-        if local_world is None:
-            nodes = _int(env, "SLURM_NNODES", "SLURM_JOB_NUM_NODES", default=1) or 1
-            local_world = max(slurm_world // nodes, 1)
+        per_node = _int(env, "SLURM_NTASKS_PER_NODE", default=None)
+        nodes = _int(env, "SLURM_NNODES", "SLURM_JOB_NUM_NODES", default=1) or 1
+        slurm_local_world = per_node if per_node is not None else max(slurm_world // nodes, 1)
         if not env.get("MASTER_ADDR") and env.get("SLURM_JOB_NODELIST"):
             addr = first_slurm_host(env["SLURM_JOB_NODELIST"])
-        return ProcessEnvironment(rank, slurm_world, local_rank, local_world, addr, port, "slurm")
+        return ProcessEnvironment(rank, slurm_world, local_rank, slurm_local_world, addr, port, "slurm")
 
     return ProcessEnvironment(master_addr=addr, master_port=port)

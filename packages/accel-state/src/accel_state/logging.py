@@ -36,12 +36,12 @@ class MultiProcessAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
                 for rank in range(state.num_processes):
                     if rank == state.process_index:
                         msg2, kwargs2 = self.process(msg, kwargs)
-                        self.logger.log(level, msg2, *args, **kwargs2)
+                        self.logger.log(level, msg2, *args, **dict(kwargs2))
                     state.wait_for_everyone()
                 return
         if self._should_log(main_process_only):
-            msg, kwargs = self.process(msg, kwargs)
-            self.logger.log(level, msg, *args, **kwargs)
+            out_msg, out_kwargs = self.process(msg, kwargs)
+            self.logger.log(level, out_msg, *args, **dict(out_kwargs))
 
     @functools.lru_cache(None)  # noqa: B019  (deliberately caches per message)
     def warning_once(self, *args: Any, **kwargs: Any) -> None:

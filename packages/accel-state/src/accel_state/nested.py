@@ -49,7 +49,7 @@ def _rebuild_mapping(data: Mapping, items: dict[Any, Any]) -> Any:
         return type(data)(items)  # type: ignore[call-arg]
     except Exception:
         try:
-            clone = type(data).__new__(type(data))  # type: ignore[call-overload]
+            clone: Any = type(data).__new__(type(data))  # type: ignore[call-overload]
             clone.update(items)
             return clone
         except Exception:

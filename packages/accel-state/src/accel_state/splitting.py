@@ -40,7 +40,11 @@ def _take(inputs: Any, start: int, end: int, pad_to: int) -> Any:
         filler = (piece[-1:] if len(piece) else inputs[-1:]).expand(missing, *inputs.shape[1:])
         return torch.cat([piece, filler], dim=0)
     last = piece[-1] if len(piece) else inputs[-1]
-    return piece + type(piece)([last] * missing) if isinstance(piece, (list, tuple)) else piece
+    if isinstance(piece, list):
+        return piece + [last] * missing
+    if isinstance(piece, tuple):
+        return piece + (last,) * missing
+    return piece
 
 
 def _is_tensor(value: Any) -> bool:

@@ -94,7 +94,7 @@ class PartialState:
             self.num_processes = dist.get_world_size()
             self.process_index = dist.get_rank()
             self.local_process_index = proc.local_rank if proc.is_distributed else self.process_index
-            self.backend = dist.get_backend()
+            self.backend: str | None = str(dist.get_backend())
         elif proc.is_distributed:
             if backend == "nccl" and device_type == "cpu":
                 backend = None  # the InitProcessGroupKwargs default does not apply to a CPU run
@@ -334,7 +334,7 @@ class AcceleratorState:
             cpu = parse_use_cpu
         self._partial = PartialState(cpu, **kwargs)
         precision = mixed_precision if mixed_precision is not None else env_vars.read("ACCELERATE_MIXED_PRECISION")
-        self._mixed_precision = PrecisionType.parse(precision).value
+        self._mixed_precision: str = PrecisionType.parse(precision).value
         self.dynamo_plugin = dynamo_plugin
         self.torch_tp_plugin = torch_tp_plugin
         self.parallelism_config = parallelism_config
