@@ -157,8 +157,17 @@ def test_rng_synchronisation_and_logger(dist_pool: DistributedPool) -> None:
 
 def mismatched_gather() -> None:
     state = _state()
-    from accel_state.operations import gather
+    from accel_state.nested import DistributedOperationException
+    from accel_state.operations import broadcast, gather
 
+    dtype = torch.float32 if state.process_index == 0 else torch.int64
+    try:
+        broadcast(torch.ones(2, dtype=dtype))
+    except DistributedOperationException as error:
+        dtype_message = str(error)
+    else:
+        raise AssertionError("a dtype mismatch went through")
+    assert "- Process 0: [2] (float32)" in dtype_message and "- Process 1: [2] (int64)" in dtype_message, dtype_message
     gather({"x": torch.ones(state.process_index + 1, 3)})
 
 
@@ -170,8 +179,9 @@ def test_debug_mode_turns_a_shape_mismatch_into_an_error_on_every_rank() -> None
     text = str(failure.value)
     assert "failed on rank(s) [0, 1]" in text
     assert text.count("DistributedOperationException") >= 2
-    assert "rank 0: gather with shapes {'x': '(1, 3) float32'}" in text
-    assert "rank 1: gather with shapes {'x': '(2, 3) float32'}" in text
+    assert "Cannot apply desired operation due to shape mismatches" in text
+    assert "Operation: `accel_state.operations.gather`" in text
+    assert "- Process 0: {'x': [1, 3]}" in text and "- Process 1: {'x': [2, 3]}" in text
     assert elapsed < 60
 
 

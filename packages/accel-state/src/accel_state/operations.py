@@ -60,8 +60,12 @@ def _debug_mode() -> bool:
     return os.environ.get("ACCELERATE_DEBUG_MODE", "").lower() in ("1", "true", "yes", "on", "y", "t")
 
 
-def _describe(data: Any) -> Any:
-    return recursively_apply(lambda t: f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}", data)
+def _shapes(data: Any) -> Any:
+    return recursively_apply(lambda t: list(t.shape), data)
+
+
+def _dtypes(data: Any) -> Any:
+    return recursively_apply(lambda t: str(t.dtype).replace("torch.", ""), data)
 
 
 def verify_operation(function: F) -> F:
@@ -73,16 +77,21 @@ def verify_operation(function: F) -> F:
         if not _debug_mode() or world_size(name) == 1:
             return function(*args, **kwargs)
         tensor = kwargs["tensor"] if "tensor" in kwargs else args[0]
-        mine = (name, _describe(tensor))
+        mine = (f"{function.__module__}.{name}", _shapes(tensor), _dtypes(tensor))
         everyone: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
         if any(entry != everyone[0] for entry in everyone):
-            detail = "\n".join(
-                f"  - rank {rank}: {op} with shapes {shapes}" for rank, (op, shapes) in enumerate(everyone)
-            )
+            operations = {entry[0] for entry in everyone}
+            show_dtypes = any(entry[2] != everyone[0][2] for entry in everyone)
+            lines = [
+                f"  - Process {rank}: {shapes}"
+                + (f" ({dtypes})" if show_dtypes else "")
+                + (f" in `{op}`" if len(operations) > 1 else "")
+                for rank, (op, shapes, dtypes) in enumerate(everyone)
+            ]
             raise DistributedOperationException(
-                f"Cannot apply the desired operation `{name}` because the tensors differ across processes "
-                f"(the operation and shapes each process sent):\n{detail}"
+                "Cannot apply desired operation due to shape mismatches. All shapes across devices must be valid."
+                f"\n\nOperation: `{mine[0]}`\nInput shapes:\n" + "\n".join(lines)
             )
         return function(*args, **kwargs)
 
