@@ -1,5 +1,55 @@
-"""Experiment trackers for accel: TensorBoard, WandB, CometML, Aim, MLflow, ClearML, DVCLive, Trackio, SwanLab, JSON lines."""
+"""accel-tracking: experiment trackers (TensorBoard, WandB, CometML, Aim, MLflow, ClearML, DVCLive, Trackio,
+SwanLab and a dependency-free JSON-lines tracker), run on the main process only.
+
+Names load on first use (module ``__getattr__``): ``import accel_tracking`` imports no tracking library
+and not torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from accel_tracking.__about__ import __version__
 
-__all__ = ["__version__"]
+_NAMES = [
+    "LOGGER_TYPE_TO_CLASS",
+    "AimTracker",
+    "ClearMLTracker",
+    "CometMLTracker",
+    "DVCLiveTracker",
+    "GeneralTracker",
+    "JSONLTracker",
+    "LoggerType",
+    "MLflowTracker",
+    "SwanLabTracker",
+    "TensorBoardTracker",
+    "TrackerError",
+    "TrackioTracker",
+    "WandBTracker",
+    "filter_trackers",
+    "finish_all",
+    "finish_trackers",
+    "get_available_trackers",
+    "log_to_all",
+    "log_to_trackers",
+    "on_main_process",
+    "read_jsonl",
+    "register_tracker_class",
+    "start_all",
+    "store_config_to_all",
+]
+
+__all__ = ["__version__", *_NAMES]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _NAMES:
+        raise AttributeError(f"module 'accel_tracking' has no attribute {name!r}")
+    value = getattr(importlib.import_module("accel_tracking.tracking"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,1 @@
+"""One module per tracker; each imports its library only when a run starts."""
