@@ -1,0 +1,1 @@
+"""The sub-commands of ``accel`` owned by accel-launch (each module: ``add_parser``, ``run``, ``main``)."""

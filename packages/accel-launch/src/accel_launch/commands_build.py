@@ -1,0 +1,121 @@
+"""Command lines built from a launch plan: the script, torch.distributed.run, DeepSpeed, mpirun.
+
+Pure functions returning lists of strings, so each launcher's command is unit-tested without the
+launcher (DeepSpeed need not be installed to test its command).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from accel_launch.plan import LaunchPlan
+from accel_launch.values import ConfigError
+
+
+def script_command(plan: LaunchPlan, python: str | None = None) -> list[str]:
+    """How one process runs the script: ``python script args``, ``python -m module args`` or ``program args``."""
+    args = list(plan.training_script_args)
+    if plan.values.get("no_python"):
+        return [plan.training_script, *args]
+    python = python or sys.executable
+    if plan.values.get("module"):
+        return [python, "-m", plan.training_script, *args]
+    return [python, plan.training_script, *args]
+
+
+def rendezvous_address(plan: LaunchPlan, port: int) -> str:
+    return f"{plan.main_process_ip or '127.0.0.1'}:{port}"
+
+
+def torchrun_args(plan: LaunchPlan, port: int) -> list[str]:
+    """Arguments of ``torch.distributed.run`` (everything after ``torchrun``) for ``plan``."""
+    values = plan.values
+    args = [
+        "--nnodes",
+        str(plan.num_machines),
+        "--nproc_per_node",
+        str(plan.nproc_per_node),
+        "--max_restarts",
+        str(values["max_restarts"]),
+        "--monitor_interval",
+        str(values["monitor_interval"]),
+        "--role",
+        str(values["role"]),
+    ]
+    backend = values.get("rdzv_backend") or "static"
+    if backend == "static":
+        args += [
+            "--node_rank",
+            str(plan.machine_rank),
+            "--master_addr",
+            plan.main_process_ip or "127.0.0.1",
+            "--master_port",
+            str(port),
+        ]
+    else:
+        args += ["--rdzv_backend", backend, "--rdzv_endpoint", rendezvous_address(plan, port)]
+    if values.get("rdzv_conf"):
+        args += ["--rdzv_conf", str(values["rdzv_conf"])]
+    if values.get("tee") not in (None, "0"):
+        args += ["--tee", str(values["tee"])]
+    if values.get("log_dir"):
+        args += ["--log_dir", str(values["log_dir"])]
+    if values.get("module"):
+        args.append("--module")
+    elif values.get("no_python"):
+        args.append("--no_python")
+    return [*args, plan.training_script, *plan.training_script_args]
+
+
+def deepspeed_command(plan: LaunchPlan, port: int) -> list[str]:
+    """The ``deepspeed`` launcher command of a multi-node DeepSpeed run."""
+    values = plan.values
+    cmd = ["deepspeed"]
+    if values.get("deepspeed_hostfile"):
+        cmd += ["--hostfile", str(values["deepspeed_hostfile"])]
+    if values.get("deepspeed_inclusion_filter"):
+        cmd += ["--include", str(values["deepspeed_inclusion_filter"])]
+    if values.get("deepspeed_exclusion_filter"):
+        cmd += ["--exclude", str(values["deepspeed_exclusion_filter"])]
+    launcher = values.get("deepspeed_multinode_launcher") or "pdsh"
+    known = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "impi", "slurm", "nossh")
+    if launcher not in known:
+        raise ConfigError(f"--deepspeed_multinode_launcher must be one of {', '.join(known)}; got {launcher!r}")
+    cmd += [
+        "--num_nodes",
+        str(plan.num_machines),
+        "--num_gpus",
+        str(plan.nproc_per_node),
+        "--master_addr",
+        str(plan.main_process_ip),
+        "--master_port",
+        str(port),
+        "--launcher",
+        launcher,
+    ]
+    if launcher == "nossh":
+        cmd += ["--node_rank", str(plan.machine_rank)]
+    if values.get("module"):
+        cmd.append("--module")
+    elif values.get("no_python"):
+        cmd.append("--no_python")
+    return [*cmd, plan.training_script, *plan.training_script_args]
+
+
+def deepspeed_env_file_lines(env: dict[str, str]) -> list[str]:
+    """Lines of the ``.deepspeed_env`` file through which pdsh hands the variables to remote nodes."""
+    return [f"{key}={value}" for key, value in sorted(env.items()) if "\n" not in value]
+
+
+def mpirun_command(plan: LaunchPlan) -> list[str]:
+    """The ``mpirun`` prefix of a multi-CPU run started by MPI (Intel MPI / MPICH spelling)."""
+    hostfile = plan.values["mpirun_hostfile"]
+    return [
+        "mpirun",
+        "-f",
+        str(hostfile),
+        "-ppn",
+        str(plan.nproc_per_node),
+        "-n",
+        str(plan.num_processes),
+    ]

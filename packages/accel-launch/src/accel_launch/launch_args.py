@@ -1,0 +1,124 @@
+"""The argument parser of ``accel launch``, built from the option table (no torch import).
+
+Every flag has its snake_case name and a kebab-case alias (``--num_processes`` / ``--num-processes``).
+A flag not given on the command line parses to ``None``, so the config file can fill it in: flags
+win over the file, the file wins over the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from accel_launch.options import OPTIONS, Option
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is not imported at run time: `accel --help` stays fast
+    from typing import Any
+
+DESCRIPTION = "Launch a script on one or several processes and machines, with the settings of the config file."
+
+_DYNAMO_CHOICES = (
+    "no",
+    "eager",
+    "aot_eager",
+    "inductor",
+    "aot_ts_nvfuser",
+    "nvprims_nvfuser",
+    "cudagraphs",
+    "ofi",
+    "fx2trt",
+    "onnxrt",
+    "tensorrt",
+    "aot_torchxla_trace_once",
+    "torchxla_trace_once",
+    "ipex",
+    "tvm",
+    "hpu_backend",
+)
+
+
+def help_formatter(prog: str) -> argparse.HelpFormatter:
+    """argparse's formatter with the terminal width found without importing shutil (faster help)."""
+    import os
+
+    try:
+        width = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        try:
+            width = os.get_terminal_size().columns
+        except OSError:
+            width = 80
+    return argparse.HelpFormatter(prog, width=max(width - 2, 40))
+
+
+class AccelArgumentParser(argparse.ArgumentParser):
+    """ArgumentParser using :func:`help_formatter` by default; sub-parsers of ``accel`` inherit the class."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", help_formatter)
+        super().__init__(*args, **kwargs)
+
+
+def _flags(option: Option) -> list[str]:
+    names = [f"--{option.dest}"]
+    if "_" in option.dest:
+        names.append(f"--{option.dest.replace('_', '-')}")
+    return [*option.short, *names]
+
+
+def _type(option: Option) -> Any:
+    if option.kind == "int":
+        return int
+    if option.kind == "float":
+        return float
+    return str
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add every launch flag (grouped as in the documentation) and the script positionals to ``parser``."""
+    groups: dict[str, Any] = {}
+    for option in OPTIONS:
+        group = groups.get(option.group)
+        if group is None:
+            group = parser if option.group == "General" else parser.add_argument_group(option.group)
+            groups[option.group] = group
+        kwargs: dict[str, Any] = {"dest": option.dest, "default": None, "help": option.help}
+        if option.kind == "switch":
+            kwargs["action"] = "store_true"
+        elif option.append:
+            kwargs.update(action="append", type=str)
+        else:
+            kwargs["type"] = _type(option)
+            if option.dest == "dynamo_backend":
+                kwargs["choices"] = _DYNAMO_CHOICES
+                kwargs["type"] = str.lower
+            elif option.choices is not None and option.kind == "str":
+                kwargs["choices"] = option.choices
+            elif option.choices is not None and option.kind == "int":
+                kwargs["choices"] = [int(c) for c in option.choices]
+        if option.default is not None and option.kind != "switch":
+            kwargs["help"] = f"{option.help} (default: {option.default})"
+        group.add_argument(*_flags(option), **kwargs)
+    parser.add_argument(
+        "training_script", help="The script to launch (a module name with -m, a program with --no_python)."
+    )
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="Arguments of the training script.")
+    return parser
+
+
+def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The ``launch`` parser: a sub-command of ``accel`` when ``subparsers`` is given, else standalone."""
+    if subparsers is not None:
+        parser = subparsers.add_parser(
+            "launch", help=DESCRIPTION, description=DESCRIPTION, allow_abbrev=False, formatter_class=help_formatter
+        )
+    else:
+        parser = AccelArgumentParser("accel launch", description=DESCRIPTION, allow_abbrev=False)
+    return add_launch_arguments(parser)
+
+
+def given_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The launch options actually given on the command line (``None`` means not given)."""
+    return {
+        option.dest: getattr(args, option.dest) for option in OPTIONS if getattr(args, option.dest, None) is not None
+    }

@@ -1,0 +1,233 @@
+"""Starting the processes of a launch plan (the part of ``accel launch`` that talks to the system).
+
+Multi-process and multi-machine runs go through ``torch.distributed.run``, called in this process
+(no extra interpreter); DeepSpeed multi-node runs through DeepSpeed's own launcher; one process is a
+plain child process. Checks that fail fast come first: a missing script, a port already taken.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from accel_launch.commands_build import (
+    deepspeed_command,
+    deepspeed_env_file_lines,
+    mpirun_command,
+    script_command,
+    torchrun_args,
+)
+from accel_launch.plan import LaunchPlan
+from accel_launch.values import ConfigError
+
+
+class LaunchError(RuntimeError):
+    """A launch that cannot start; the message says why and what to do."""
+
+
+def is_port_in_use(port: int | None = None, host: str = "127.0.0.1") -> bool:
+    """True when something already listens on ``port`` (29500 by default) of ``host``."""
+    port = port or 29500
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex((host, port)) == 0 or not _can_bind(port)
+
+
+def _can_bind(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def check_script(plan: LaunchPlan) -> None:
+    """Error when the script to launch does not exist (a module or program is found at run time)."""
+    if plan.values.get("module"):
+        return
+    script = plan.training_script
+    if plan.values.get("no_python"):
+        if (os.sep in script and not Path(script).exists()) or (os.sep not in script and shutil.which(script) is None):
+            raise LaunchError(f"the program {script!r} was not found (with --no_python it must be an executable)")
+        return
+    if not Path(script).is_file():
+        hint = " (to run a module, add -m)" if "." in script and not script.endswith(".py") else ""
+        raise LaunchError(f"the training script {script!r} was not found{hint}")
+
+
+def choose_port(plan: LaunchPlan) -> int:
+    """The main process port: the given one (an error if already taken on the main machine), else a free one."""
+    if plan.port_given:
+        port = int(plan.main_process_port or 0)
+        if plan.machine_rank == 0 and _is_local(plan.main_process_ip) and is_port_in_use(port):
+            raise LaunchError(
+                f"--main_process_port {port} is already in use on this machine; stop what listens on it "
+                f"or pick another port (for example --main_process_port {free_port()})"
+            )
+        return port
+    if plan.num_machines > 1:
+        return 29500
+    return free_port()
+
+
+def _is_local(host: str | None) -> bool:
+    if host in (None, "", "localhost", "127.0.0.1", "0.0.0.0", "::1"):
+        return True
+    try:
+        local = {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)}
+    except OSError:
+        local = set()
+    return host in local
+
+
+def launch_env(plan: LaunchPlan) -> dict[str, str]:
+    """The plan's variables, minus a computed thread count when the user already set ``OMP_NUM_THREADS``."""
+    env = dict(plan.env)
+    if plan.values.get("num_cpu_threads_per_process") is None and os.environ.get("OMP_NUM_THREADS"):
+        env.pop("OMP_NUM_THREADS", None)
+    return env
+
+
+def _child_env(plan: LaunchPlan) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(launch_env(plan))
+    return env
+
+
+def run_simple(plan: LaunchPlan) -> int:
+    """One process: run the script as a child with the plan's environment; its exit code is ours."""
+    cmd = script_command(plan)
+    try:
+        process = subprocess.Popen(cmd, env=_child_env(plan))
+    except FileNotFoundError as error:
+        raise LaunchError(f"cannot start {cmd[0]!r}: {error}") from None
+    try:
+        code = process.wait()
+    except KeyboardInterrupt:
+        process.terminate()
+        code = process.wait()
+    if code != 0 and not plan.values.get("quiet"):
+        print(f"accel launch: {' '.join(cmd)} exited with code {code}", file=sys.stderr)
+    return code
+
+
+def run_torchrun(plan: LaunchPlan, port: int) -> int:
+    """Several processes (or machines) through torch.distributed.run, in this process."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    args = get_args_parser().parse_args(torchrun_args(plan, port))
+    os.environ.update(launch_env(plan))
+    try:
+        run(args)
+    except ChildFailedError as error:
+        if plan.values.get("debug"):
+            raise
+        if not plan.values.get("quiet"):
+            failures = error.failures
+            ranks = ", ".join(str(rank) for rank in sorted(failures))
+            print(f"accel launch: process(es) of rank {ranks} failed (see their output above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_deepspeed(plan: LaunchPlan, port: int) -> int:
+    """A multi-node DeepSpeed run through the ``deepspeed`` launcher (pdsh and friends)."""
+    cmd = deepspeed_command(plan, port)
+    if shutil.which("deepspeed") is None:
+        raise LaunchError(
+            'a multi-node DeepSpeed run needs the `deepspeed` launcher: pip install "accel-train[deepspeed]"'
+        )
+    env = _child_env(plan)
+    if (plan.values.get("deepspeed_multinode_launcher") or "pdsh") == "pdsh":
+        Path(".deepspeed_env").write_text("\n".join(deepspeed_env_file_lines(launch_env(plan))) + "\n")
+    return subprocess.run(cmd, env=env, check=False).returncode
+
+
+def run_mpirun(plan: LaunchPlan) -> int:
+    """A multi-CPU run started by ``mpirun`` on the hosts of the hostfile."""
+    if shutil.which("mpirun") is None:
+        raise LaunchError("--mpirun_hostfile needs `mpirun` (Intel MPI or MPICH) on the PATH")
+    env = _child_env(plan)
+    env.setdefault("MASTER_ADDR", plan.main_process_ip or "127.0.0.1")
+    env.setdefault("MASTER_PORT", str(plan.main_process_port or 29500))
+    return subprocess.run([*mpirun_command(plan), *script_command(plan)], env=env, check=False).returncode
+
+
+def run_tpu(plan: LaunchPlan) -> int:
+    """A TPU run: the script's main function spawned on every TPU core by torch_xla."""
+    from accel_state.imports import is_torch_xla_available
+
+    if not is_torch_xla_available():
+        raise LaunchError("--tpu needs torch_xla installed (see https://github.com/pytorch/xla)")
+    import importlib.util
+
+    import torch_xla.distributed.xla_multiprocessing as xmp
+
+    from accel_launch.launch_utils import PrepareForLaunch
+
+    os.environ.update(launch_env(plan))
+    path = Path(plan.training_script)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.path.insert(0, str(path.parent.resolve()))
+    sys.argv = [str(path), *plan.training_script_args]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    name = plan.values["main_training_function"]
+    function = getattr(module, name, None)
+    if function is None:
+        raise LaunchError(f"the script {path} has no function {name!r} (set --main_training_function)")
+    xmp.spawn(PrepareForLaunch(function, distributed_type="XLA"), args=())
+    return 0
+
+
+def run_tpu_pod(plan: LaunchPlan) -> int:
+    """A TPU pod run: the same ``accel launch`` started on every VM of the pod through gcloud."""
+    from accel_launch.commands.tpu import tpu_pod_launch_command
+
+    cmd = tpu_pod_launch_command(plan)
+    if plan.values.get("debug"):
+        print(" ".join(cmd))
+        return 0
+    return subprocess.run(cmd, check=False).returncode
+
+
+def run_sagemaker(plan: LaunchPlan) -> int:
+    """A SageMaker training job: the estimator built from the config, then fitted."""
+    from accel_launch.sagemaker import sagemaker_launch
+
+    return sagemaker_launch(plan)
+
+
+def execute(plan: LaunchPlan) -> int:
+    """Start the processes of ``plan`` and wait for them; the exit status of the run."""
+    if plan.mode not in ("sagemaker", "tpu_pod"):
+        check_script(plan)
+    if plan.mode == "simple":
+        return run_simple(plan)
+    if plan.mode == "torchrun":
+        return run_torchrun(plan, choose_port(plan))
+    if plan.mode == "deepspeed":
+        return run_deepspeed(plan, choose_port(plan))
+    if plan.mode == "mpirun":
+        return run_mpirun(plan)
+    if plan.mode == "tpu":
+        return run_tpu(plan)
+    if plan.mode == "tpu_pod":
+        return run_tpu_pod(plan)
+    if plan.mode == "sagemaker":
+        return run_sagemaker(plan)
+    raise ConfigError(f"unknown launch mode {plan.mode!r}")
