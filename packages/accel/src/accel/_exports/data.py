@@ -1,5 +1,14 @@
-"""Names and module paths that accel-data provides to the meta-package (filled when it is implemented)."""
+"""Names and module paths that accel-data provides to the meta-package."""
 
-TOP_LEVEL: dict[str, str] = {}
-UTILS: dict[str, str] = {}
-MODULES: dict[str, str] = {}
+_D = "accel_data"
+
+TOP_LEVEL: dict[str, str] = {
+    "skip_first_batches": f"{_D}.data_loader",
+    "DataLoaderConfiguration": f"{_D}.config",
+}
+UTILS: dict[str, str] = {
+    "DataLoaderConfiguration": f"{_D}.config",
+}
+MODULES: dict[str, str] = {
+    "accel.data_loader": f"{_D}.data_loader",
+}

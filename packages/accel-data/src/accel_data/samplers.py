@@ -1,0 +1,313 @@
+"""Samplers and datasets that shard, skip or reseed the data of a ``DataLoader``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
+
+from accel_data import sharding
+
+
+class SeedableRandomSampler(RandomSampler):
+    """A ``RandomSampler`` whose permutation depends only on a seed and the epoch.
+
+    Every process that builds it with the same ``data_seed`` (or after the same ``set_seed``) shuffles
+    the same way, and epoch ``e`` always gives the same order, which makes resuming exact.
+    """
+
+    def __init__(self, *args: Any, data_seed: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.initial_seed = int(data_seed if data_seed is not None else torch.random.initial_seed())
+        self.epoch = 0
+
+    def __iter__(self) -> Iterator[int]:
+        if self.generator is None:
+            self.generator = torch.Generator()
+        self.generator.manual_seed(self.initial_seed + self.epoch)
+        yield from super().__iter__()
+        self.set_epoch(self.epoch + 1)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use the permutation of ``epoch`` for the next iteration."""
+        self.epoch = int(epoch)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"initial_seed": self.initial_seed, "epoch": self.epoch}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.initial_seed = int(state_dict["initial_seed"])
+        self.epoch = int(state_dict["epoch"])
+
+
+class BatchSamplerShard(BatchSampler):
+    """The batches of ``batch_sampler`` that belong to process ``process_index`` of ``num_processes``.
+
+    Args:
+        batch_sampler: the batch sampler to shard (anything yielding lists of indices).
+        num_processes: number of processes reading the data.
+        process_index: this process.
+        split_batches: cut every batch in ``num_processes`` slices (the batch size is then the global
+            one) instead of dealing whole batches round-robin.
+        even_batches: complete the last round with samples from the start so every process gets the same
+            number of batches of the same size (the padding is reported as ``remainder``).
+
+    ``drop_last`` is read from ``batch_sampler``: with it, an incomplete last round is dropped.
+    """
+
+    def __init__(
+        self,
+        batch_sampler: Any,
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+        even_batches: bool = True,
+    ) -> None:
+        if not 0 <= process_index < num_processes:
+            raise ValueError(f"process_index={process_index} is not in range(num_processes={num_processes})")
+        batch_size = getattr(batch_sampler, "batch_size", None)
+        if split_batches:
+            sharding.check_split(batch_size, num_processes)
+        if batch_size is None and even_batches and not split_batches and num_processes > 1:
+            raise ValueError(
+                f"Cannot shard the batch sampler {type(batch_sampler).__name__} with even_batches=True: it has no "
+                "`batch_size` attribute, which is needed to complete the last round with full batches. Give it a "
+                "`batch_size` attribute, or use even_batches=False (Accelerator(even_batches=False) or "
+                "DataLoaderConfiguration(even_batches=False))."
+            )
+        self.batch_sampler = batch_sampler
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.batch_size = batch_size  # type: ignore[assignment]
+        self.drop_last = bool(getattr(batch_sampler, "drop_last", False))
+
+    @property
+    def sampler(self) -> Any:  # type: ignore[override]
+        return getattr(self.batch_sampler, "sampler", None)
+
+    @property
+    def total_length(self) -> int:
+        return len(self.batch_sampler)
+
+    def _last_batch_size(self) -> int | None:
+        sampler = self.sampler
+        if sampler is None or self.batch_size is None:
+            return None
+        try:
+            return len(sampler) % self.batch_size
+        except TypeError:
+            return None
+
+    def __len__(self) -> int:
+        return sharding.shard_length(
+            len(self.batch_sampler),
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            split_batches=self.split_batches,
+            even_batches=self.even_batches,
+            drop_last=self.drop_last,
+            last_batch_size=self._last_batch_size(),
+            batch_size=self.batch_size,
+        )
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if _drawable(self.batch_sampler):
+            return self._iter_drawn()
+        return sharding.shard_batches(
+            self.batch_sampler,
+            batch_size=self.batch_size,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            split_batches=self.split_batches,
+            even_batches=self.even_batches,
+            drop_last=self.drop_last,
+        )
+
+    def _iter_drawn(self) -> Iterator[list[int]]:
+        """Same batches as iterating the batch sampler, with the whole order drawn at once.
+
+        Every process walks the indices of every batch to find its own; drawing the permutation as one
+        list and slicing it avoids a Python step per index (most of the cost of sharding).
+        """
+        inner = self.batch_sampler
+        indices = _draw(inner.sampler)
+        size = inner.batch_size
+        stop = len(indices) - size + 1 if inner.drop_last else len(indices)
+        batches = (indices[start : start + size] for start in range(0, max(stop, 0), size))
+        yield from sharding.shard_batches(
+            batches,
+            batch_size=self.batch_size,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            split_batches=self.split_batches,
+            even_batches=self.even_batches,
+            drop_last=self.drop_last,
+        )
+        if isinstance(inner.sampler, SeedableRandomSampler):
+            inner.sampler.set_epoch(inner.sampler.epoch + 1)
+
+    def set_epoch(self, epoch: int) -> None:
+        set_epoch_on(self.batch_sampler, epoch)
+
+
+def _drawable(batch_sampler: Any) -> bool:
+    """True for torch's own ``BatchSampler`` over a sampler whose whole order :func:`_draw` can compute."""
+    if type(batch_sampler) is not BatchSampler or not isinstance(batch_sampler.batch_size, int):
+        return False
+    sampler: Any = batch_sampler.sampler
+    if type(sampler) is SequentialSampler:
+        return True
+    return type(sampler) in (RandomSampler, SeedableRandomSampler) and not sampler.replacement
+
+
+def _draw(sampler: Any) -> list[int]:
+    """The indices ``sampler`` would yield, drawing from its generator exactly as its ``__iter__`` does."""
+    if type(sampler) is SequentialSampler:
+        return list(range(len(sampler.data_source)))
+    if isinstance(sampler, SeedableRandomSampler):
+        if sampler.generator is None:
+            sampler.generator = torch.Generator()
+        sampler.generator.manual_seed(sampler.initial_seed + sampler.epoch)
+    n = len(sampler.data_source)
+    generator = sampler.generator
+    if generator is None:
+        generator = torch.Generator()
+        generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+    indices: list[int] = []
+    for _ in range(sampler.num_samples // n):
+        indices.extend(torch.randperm(n, generator=generator).tolist())
+    indices.extend(torch.randperm(n, generator=generator).tolist()[: sampler.num_samples % n])
+    return indices
+
+
+class IterableDatasetShard(IterableDataset):
+    """The samples of an iterable dataset that belong to one process (see :func:`sharding.shard_iterable`).
+
+    Args:
+        dataset: the iterable dataset.
+        batch_size: batch size of each process (or the global one with ``split_batches``).
+        drop_last: drop the incomplete last global batch instead of completing it from the start.
+        num_processes / process_index: the processes and this one.
+        split_batches: ``batch_size`` is the global batch size, cut in ``num_processes`` slices.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int = 1,
+        drop_last: bool = False,
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+    ) -> None:
+        if split_batches:
+            sharding.check_split(batch_size, num_processes)
+        if not 0 <= process_index < num_processes:
+            raise ValueError(f"process_index={process_index} is not in range(num_processes={num_processes})")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    @property
+    def total_length(self) -> int:
+        return len(self.dataset)
+
+    def __len__(self) -> int:
+        return sharding.iterable_shard_length(
+            len(self.dataset),
+            batch_size=self.batch_size,
+            num_processes=self.num_processes,
+            split_batches=self.split_batches,
+            drop_last=self.drop_last,
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        generator = getattr(self.dataset, "generator", None)
+        if not hasattr(self.dataset, "set_epoch") and isinstance(generator, torch.Generator):
+            generator.manual_seed(self.epoch)
+        return sharding.shard_iterable(
+            self.dataset,
+            batch_size=self.batch_size,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            split_batches=self.split_batches,
+            drop_last=self.drop_last,
+        )
+
+
+class SkipBatchSampler(BatchSampler):
+    """``batch_sampler`` without its first ``skip_batches`` batches (the indices are never loaded)."""
+
+    def __init__(self, batch_sampler: Any, skip_batches: int = 0) -> None:
+        if skip_batches < 0:
+            raise ValueError(f"skip_batches must be >= 0, got {skip_batches}")
+        self.batch_sampler = batch_sampler
+        self.skip_batches = skip_batches
+        self.batch_size = getattr(batch_sampler, "batch_size", None)  # type: ignore[assignment]
+        self.drop_last = bool(getattr(batch_sampler, "drop_last", False))
+
+    @property
+    def sampler(self) -> Any:  # type: ignore[override]
+        return getattr(self.batch_sampler, "sampler", None)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for index, batch in enumerate(self.batch_sampler):
+            if index >= self.skip_batches:
+                yield batch
+
+    @property
+    def total_length(self) -> int:
+        return len(self.batch_sampler)
+
+    def __len__(self) -> int:
+        return max(0, len(self.batch_sampler) - self.skip_batches)
+
+    def set_epoch(self, epoch: int) -> None:
+        set_epoch_on(self.batch_sampler, epoch)
+
+
+def set_epoch_on(sampler: Any, epoch: int) -> None:
+    """Call ``set_epoch`` on ``sampler`` or, through batch samplers and shards, on the sampler inside."""
+    seen: set[int] = set()
+    node = sampler
+    while node is not None and id(node) not in seen:
+        seen.add(id(node))
+        method = getattr(type(node), "set_epoch", None)
+        if method is not None and not isinstance(node, (BatchSamplerShard, SkipBatchSampler)):
+            node.set_epoch(epoch)
+            return
+        inner = getattr(node, "batch_sampler", None)
+        node = inner if inner is not None else getattr(node, "sampler", None)
+
+
+def find_generators(*roots: Any) -> list[torch.Generator]:
+    """Every ``torch.Generator`` reachable from samplers, batch samplers and datasets (no duplicates)."""
+    found: list[torch.Generator] = []
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, torch.Generator):
+            found.append(node)
+            continue
+        for attr in ("generator", "batch_sampler", "sampler", "dataset"):
+            child = getattr(node, attr, None) if not isinstance(node, (list, tuple, dict, torch.Tensor)) else None
+            if child is not None:
+                stack.append(child)
+    return found
