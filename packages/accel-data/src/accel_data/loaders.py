@@ -323,9 +323,17 @@ class DataLoaderStateMixin:
 
     def _iterate(self, make_base: Any, device: Any) -> Iterator[Any]:
         """Yield the batches one step behind the base iterator, so the last one is known in advance."""
+        resuming = self._resume_position > 0
         skip = self._index_level_skip(self._start_epoch())
         try:
-            base = make_base()
+            if resuming:
+                # The uninterrupted run drew its iterator seed from torch's global generator before the
+                # checkpoint was taken; drawing again here would shift every later random number.
+                global_rng = torch.get_rng_state()
+                base = make_base()
+                torch.set_rng_state(global_rng)
+            else:
+                base = make_base()
             non_blocking = self._non_blocking
             stateful = self._stateful
             progress = self._progress
