@@ -89,3 +89,13 @@ def test_declared_names_point_into_the_owning_packages() -> None:
     for table in (_exports.TOP_LEVEL, _exports.UTILS, _exports.MODULES):
         for target in table.values():
             assert target.split(".")[0] in owners, target
+
+
+def test_utils_dataclasses_gathers_names_from_their_owners() -> None:
+    import accel_state.enums
+    from accel.utils import dataclasses as dc
+
+    assert dc.DistributedType is accel_state.enums.DistributedType
+    assert len(dc.__all__) >= 10
+    for name in dc.__all__:
+        assert getattr(dc, name).__name__ == name
