@@ -81,6 +81,7 @@ _ALL: tuple[EnvVar, ...] = (
     _v("ACCELERATE_DISABLE_RICH", "bool", False, "disable rich tracebacks"),
     _v("ACCELERATE_CONFIG_FILE", "str", None, "path of the config file used by the launcher"),
     _v("ACCELERATE_BYPASS_DEVICE_MAP", "bool", False, "ignore device maps when preparing models"),
+    _v("ACCELERATE_INIT_INCLUDE_BUFFERS", "bool", False, "init_empty_weights also puts buffers on meta"),
     _v("ACCELERATE_DYNAMO_BACKEND", "str", "NO", "torch.compile backend"),
     _v("ACCELERATE_DYNAMO_MODE", "str", "default", "torch.compile mode"),
     _v("ACCELERATE_DYNAMO_USE_FULLGRAPH", "bool", False, "torch.compile fullgraph"),
