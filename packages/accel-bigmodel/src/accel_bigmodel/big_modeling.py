@@ -1,0 +1,322 @@
+"""Run models bigger than memory: dispatch across devices, offload to CPU or disk, load and dispatch.
+
+These functions combine planning (:mod:`accel_bigmodel.planning`), loading
+(:mod:`accel_bigmodel.loading`) and hooks (:mod:`accel_bigmodel.hooks`); offloaded weights are
+prefetched in the background (:mod:`accel_bigmodel.prefetch`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from accel_bigmodel.empty import init_empty_weights, init_on_device
+from accel_bigmodel.hooks import (
+    AlignDevicesHook,
+    CpuOffload,
+    LayerwiseCastingHook,
+    UserCpuOffloadHook,
+    add_hook_to_module,
+    attach_align_device_hook,
+    attach_align_device_hook_on_blocks,
+)
+from accel_bigmodel.loading import load_checkpoint_in_model
+from accel_bigmodel.offload import INDEX_NAME, OffloadedWeightsLoader, extract_submodules_state_dict, offload_state_dict
+from accel_bigmodel.planning import check_device_map, get_balanced_memory, infer_auto_device_map
+from accel_bigmodel.prefetch import enable_prefetch
+from accel_bigmodel.tied import find_tied_parameters, retie_parameters, tied_params_map_for
+
+__all__ = [
+    "init_empty_weights",
+    "init_on_device",
+    "cpu_offload",
+    "cpu_offload_with_hook",
+    "disk_offload",
+    "dispatch_model",
+    "load_checkpoint_and_dispatch",
+    "attach_layerwise_casting_hooks",
+]
+
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def _first_device(model: nn.Module) -> torch.device:
+    for tensor in model.parameters():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def cpu_offload(
+    model: nn.Module,
+    execution_device: torch.device | str | int | None = None,
+    offload_buffers: bool = False,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    preload_module_classes: list[str] | None = None,
+) -> nn.Module:
+    """Keep one copy of the weights on the CPU; each layer's weights go to ``execution_device`` only for its forward."""
+    if execution_device is None:
+        execution_device = _first_device(model)
+    if state_dict is None:
+        state_dict = {name: tensor.detach().to("cpu") for name, tensor in model.state_dict().items()}
+    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
+    attach_align_device_hook(
+        model,
+        execution_device=execution_device,
+        offload=True,
+        offload_buffers=offload_buffers,
+        weights_map=state_dict,
+        preload_module_classes=preload_module_classes,
+    )
+    enable_prefetch(model)
+    return model
+
+
+def cpu_offload_with_hook(
+    model: nn.Module,
+    execution_device: int | str | torch.device | None = None,
+    prev_module_hook: UserCpuOffloadHook | None = None,
+) -> tuple[nn.Module, UserCpuOffloadHook]:
+    """Move the whole model to ``execution_device`` at its first forward and keep it there until ``hook.offload()``.
+
+    Chain models with ``prev_module_hook``: running this model offloads the previous one.
+    """
+    hook = CpuOffload(execution_device=execution_device, prev_module_hook=prev_module_hook)
+    add_hook_to_module(model, hook, append=True)
+    return model, UserCpuOffloadHook(model, hook)
+
+
+def disk_offload(
+    model: nn.Module,
+    offload_dir: str | os.PathLike[str],
+    execution_device: torch.device | str | int | None = None,
+    offload_buffers: bool = False,
+    preload_module_classes: list[str] | None = None,
+) -> nn.Module:
+    """Write the weights to ``offload_dir`` (unless it already holds them) and read each layer's weights for its forward."""
+    if not os.path.isdir(offload_dir) or not os.path.isfile(os.path.join(offload_dir, INDEX_NAME)):
+        offload_state_dict(offload_dir, model.state_dict())
+    if execution_device is None:
+        execution_device = _first_device(model)
+        if execution_device.type == "meta":
+            execution_device = torch.device("cpu")
+    weights_map = OffloadedWeightsLoader(save_folder=offload_dir)
+    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
+    attach_align_device_hook(
+        model,
+        execution_device=execution_device,
+        offload=True,
+        offload_buffers=offload_buffers,
+        weights_map=weights_map,
+        preload_module_classes=preload_module_classes,
+    )
+    enable_prefetch(model)
+    return model
+
+
+def _normalize_device(device: Any) -> Any:
+    if isinstance(device, torch.device):
+        if device.type == "cuda" and device.index is not None:
+            return device.index
+        return str(device)
+    return device
+
+
+def dispatch_model(
+    model: nn.Module,
+    device_map: dict[str, str | int | torch.device],
+    main_device: torch.device | str | int | None = None,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    offload_dir: str | os.PathLike[str] | None = None,
+    offload_index: dict[str, Any] | None = None,
+    offload_buffers: bool = False,
+    skip_keys: str | list[str] | None = None,
+    preload_module_classes: list[str] | None = None,
+    force_hooks: bool = False,
+) -> nn.Module:
+    """Place the model following ``device_map`` and add the hooks that make its forward work across devices."""
+    check_device_map(model, device_map)
+    device_map = {k: _normalize_device(v) for k, v in device_map.items()}
+    values = set(device_map.values())
+    if len(values) > 1 or force_hooks:
+        if main_device is None:
+            if values <= {"cpu", "disk"}:
+                main_device = "cpu"
+            else:
+                main_device = next(d for d in device_map.values() if d not in ("cpu", "disk"))
+        if main_device != "cpu":
+            cpu_modules = [n for n, d in device_map.items() if d == "cpu"]
+            if state_dict is None and cpu_modules:
+                state_dict = extract_submodules_state_dict(model.state_dict(), cpu_modules)
+        disk_modules = [n for n, d in device_map.items() if d == "disk"]
+        if disk_modules and offload_dir is None and offload_index is None:
+            raise ValueError(
+                f"The device_map puts {disk_modules[:5]} on 'disk' but no offload_dir was given: pass "
+                "offload_dir=<a folder> (or offload_index)."
+            )
+        if disk_modules and offload_index is None and not os.path.isfile(os.path.join(offload_dir, INDEX_NAME)):  # type: ignore[arg-type]
+            disk_state = extract_submodules_state_dict(model.state_dict(), disk_modules)
+            meta = [k for k, v in disk_state.items() if v.device.type == "meta"]
+            if meta:
+                raise ValueError(f"Modules mapped to 'disk' have no weights to offload (still on meta): {meta[:5]}.")
+            offload_state_dict(offload_dir, disk_state)  # type: ignore[arg-type]
+        execution_device = {n: (main_device if d in ("cpu", "disk") else d) for n, d in device_map.items()}
+        execution_device[""] = main_device
+        offloaded_devices = ("disk",) if main_device in ("cpu", "mps") else ("cpu", "disk")
+        offload = {n: d in offloaded_devices for n, d in device_map.items()}
+        save_folder = offload_dir if disk_modules else None
+        if state_dict is not None or save_folder is not None or offload_index is not None:
+            weights_map: Any = OffloadedWeightsLoader(
+                state_dict=state_dict,
+                save_folder=save_folder,
+                index=offload_index,
+                device=main_device if offload_index is not None else None,
+            )
+        else:
+            weights_map = None
+        tied_params = find_tied_parameters(model)
+        tied_map = tied_params_map_for(model, tied_params)
+        attach_align_device_hook_on_blocks(
+            model,
+            execution_device=execution_device,
+            offload=offload,
+            offload_buffers=offload_buffers,
+            weights_map=weights_map,
+            skip_keys=skip_keys,
+            preload_module_classes=preload_module_classes,
+            tied_params_map=tied_map,
+        )
+        retie_parameters(model, tied_params)
+        enable_prefetch(model)
+        if any(offload.values()) or len({d for d in values if d not in ("cpu", "disk")}) > 1:
+            _guard_moves(model)
+    else:
+        device = next(iter(values))
+        if device == "disk":
+            raise ValueError("The whole model is mapped to 'disk': use disk_offload(model, offload_dir) instead.")
+        target = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if any(t.device != target for t in model.parameters()) or any(b.device != target for b in model.buffers()):
+            model.to(target)
+    model.hf_device_map = dict(device_map)  # type: ignore[assignment]
+    return model
+
+
+def _guard_moves(model: nn.Module) -> None:
+    """Make ``.to()``/``.cuda()``/... on a dispatched model warn and do nothing (it would break the hooks)."""
+
+    def refuse(name: str) -> Any:
+        def method(*args: Any, **kwargs: Any) -> nn.Module:
+            warnings.warn(
+                f"model.{name}() ignored: this model is dispatched across devices (see model.hf_device_map); "
+                "remove its hooks with remove_hook_from_submodules first.",
+                stacklevel=2,
+            )
+            return model
+
+        return method
+
+    for name in ("to", "cuda", "cpu", "xpu", "npu", "mlu", "musa"):
+        if hasattr(model, name):
+            setattr(model, name, refuse(name))
+
+
+def load_checkpoint_and_dispatch(
+    model: nn.Module,
+    checkpoint: str | os.PathLike[str],
+    device_map: str | dict[str, int | str | torch.device] | None = None,
+    max_memory: dict[int | str, int | str] | None = None,
+    no_split_module_classes: list[str] | None = None,
+    offload_folder: str | os.PathLike[str] | None = None,
+    offload_buffers: bool = False,
+    dtype: str | torch.dtype | None = None,
+    offload_state_dict: bool | None = None,
+    skip_keys: str | list[str] | None = None,
+    preload_module_classes: list[str] | None = None,
+    force_hooks: bool = False,
+    strict: bool = False,
+    full_state_dict: bool = True,
+    broadcast_from_rank0: bool = False,
+) -> nn.Module:
+    """Load ``checkpoint`` into ``model`` (usually built under ``init_empty_weights``) and dispatch it.
+
+    ``device_map`` is a dict or one of "auto", "balanced", "balanced_low_0", "sequential".
+    """
+    if isinstance(device_map, str):
+        strategy: str = device_map
+        if strategy not in DEVICE_MAP_STRATEGIES:
+            raise ValueError(
+                f"device_map={device_map!r} is not a strategy: use a dict or one of {list(DEVICE_MAP_STRATEGIES)}."
+            )
+        if strategy != "sequential":
+            max_memory = get_balanced_memory(  # type: ignore[assignment]
+                model,
+                max_memory=max_memory,
+                no_split_module_classes=no_split_module_classes,
+                dtype=dtype,
+                low_zero=(strategy == "balanced_low_0"),
+            )
+        device_map = infer_auto_device_map(
+            model,
+            max_memory=max_memory,
+            no_split_module_classes=no_split_module_classes,
+            dtype=dtype,
+            offload_buffers=offload_buffers,
+        )
+    assert not isinstance(device_map, str)
+    if offload_state_dict is None and device_map is not None and "disk" in {str(v) for v in device_map.values()}:
+        offload_state_dict = True
+    load_checkpoint_in_model(
+        model,
+        checkpoint,
+        device_map=device_map,
+        offload_folder=offload_folder,
+        dtype=dtype,
+        offload_state_dict=bool(offload_state_dict),
+        offload_buffers=offload_buffers,
+        strict=strict,
+        full_state_dict=full_state_dict,
+        broadcast_from_rank0=broadcast_from_rank0,
+    )
+    if device_map is None:
+        return model
+    return dispatch_model(
+        model,
+        device_map=device_map,
+        offload_dir=offload_folder,
+        offload_buffers=offload_buffers,
+        skip_keys=skip_keys,
+        preload_module_classes=preload_module_classes,
+        force_hooks=force_hooks,
+    )
+
+
+_CASTABLE = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+
+
+def attach_layerwise_casting_hooks(
+    module: nn.Module,
+    storage_dtype: torch.dtype,
+    compute_dtype: torch.dtype,
+    skip_modules_pattern: str | tuple[str, ...] | None = None,
+    skip_modules_classes: tuple[type[nn.Module], ...] | None = None,
+    non_blocking: bool = False,
+) -> None:
+    """Store the weights of linear and convolution layers in ``storage_dtype`` and compute in ``compute_dtype``.
+
+    Layers whose name matches ``skip_modules_pattern`` (regexes) or whose class is in
+    ``skip_modules_classes`` keep their dtype.
+    """
+    patterns = (skip_modules_pattern,) if isinstance(skip_modules_pattern, str) else tuple(skip_modules_pattern or ())
+    compiled = [re.compile(p) for p in patterns]
+    skip_classes = tuple(skip_modules_classes or ())
+    for name, sub in module.named_modules():
+        if skip_classes and isinstance(sub, skip_classes):
+            continue
+        if any(p.search(name) for p in compiled):
+            continue
+        if isinstance(sub, _CASTABLE):
+            add_hook_to_module(sub, LayerwiseCastingHook(storage_dtype, compute_dtype, non_blocking), append=True)

@@ -1,0 +1,1 @@
+"""Sub-commands of ``accel`` provided by accel-bigmodel (torch-free at import)."""

@@ -1,0 +1,67 @@
+"""``accel estimate-memory``: memory needed to load (and train) a model, per dtype. Torch-free at import."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+DTYPE_CHOICES = ["float32", "float16", "int8", "int4"]
+
+
+def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("model_name", help="Hub id, local config.json or folder, or package.module:factory.")
+    parser.add_argument(
+        "--library_name",
+        choices=["timm", "transformers"],
+        default=None,
+        help="Library the model belongs to, when the Hub does not say.",
+    )
+    parser.add_argument(
+        "--dtypes",
+        nargs="+",
+        choices=DTYPE_CHOICES,
+        default=list(DTYPE_CHOICES),
+        metavar="{float32,float16,int8,int4}",
+        help="Dtypes to report (default: all).",
+    )
+    parser.add_argument(
+        "--trust_remote_code",
+        action="store_true",
+        help="Allow custom model code from the Hub (only for repositories you trust).",
+    )
+    parser.set_defaults(func=run)
+    return parser
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``estimate-memory`` sub-command to ``accel``'s sub-parsers."""
+    parser = subparsers.add_parser(
+        "estimate-memory",
+        help="Estimate the memory a model needs, per dtype.",
+        description="Build the model on the meta device and report its largest layer, total size and an Adam training estimate.",
+    )
+    return _configure(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the estimate table; 1 with a message on a model that cannot be built."""
+    import sys
+
+    from accel_bigmodel.estimate import format_table, gather_data
+
+    try:
+        rows = gather_data(args)
+    except (ValueError, ImportError) as err:
+        print(f"accel estimate-memory: {err}", file=sys.stderr)
+        return 1
+    print(format_table(args.model_name, rows))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _configure(argparse.ArgumentParser("accel estimate-memory"))
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,173 @@
+"""The model memory estimator: sizes per dtype of a model built on the meta device, and the training estimate.
+
+Training with Adam is estimated as four times the model size in the dtype (weights, gradients and
+two optimizer states); inference usually needs up to about 20% more than the model size.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from accel_bigmodel.empty import init_empty_weights
+from accel_bigmodel.sizes import calculate_maximum_sizes
+
+DTYPE_DIVISORS = {"float32": 1, "float16": 2, "bfloat16": 2, "int8": 4, "int4": 8}
+ALL_DTYPES = ("float32", "float16", "int8", "int4")
+
+
+@dataclass(frozen=True)
+class EstimateRow:
+    """Memory figures (bytes) for one dtype."""
+
+    dtype: str
+    largest_layer: int
+    total_size: int
+    training: int
+
+
+def estimate_memory(model: nn.Module, dtypes: list[str] | tuple[str, ...] = ALL_DTYPES) -> list[EstimateRow]:
+    """Largest layer, total size and Adam training estimate of ``model`` for each dtype (sizes from float32)."""
+    unknown = [d for d in dtypes if d not in DTYPE_DIVISORS]
+    if unknown:
+        raise ValueError(f"Unknown dtypes {unknown}: choose among {list(DTYPE_DIVISORS)}.")
+    total, (largest, _) = calculate_maximum_sizes(model)
+    # sizes are measured in the model's dtype; express them in float32 first
+    elements_per_byte = 4 / _model_element_size(model)
+    total_fp32, largest_fp32 = int(total * elements_per_byte), int(largest * elements_per_byte)
+    rows = []
+    for dtype in dtypes:
+        divisor = DTYPE_DIVISORS[dtype]
+        size = total_fp32 // divisor
+        rows.append(EstimateRow(dtype, largest_fp32 // divisor, size, size * 4))
+    return rows
+
+
+def _model_element_size(model: nn.Module) -> int:
+    for param in model.parameters():
+        if param.is_floating_point():
+            return param.element_size()
+    return 4
+
+
+def convert_bytes(size: float) -> str:
+    """'413.18 MB' style text (powers of 1024, as the documented tables show)."""
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if size < 1024 or unit == "TB":
+            return f"{round(size, 2)} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_table(model_name: str, rows: list[EstimateRow]) -> str:
+    """The markdown table printed by ``accel estimate-memory``."""
+    header = ["dtype", "Largest Layer", "Total Size", "Training using Adam"]
+    cells = [
+        [r.dtype, convert_bytes(r.largest_layer), convert_bytes(r.total_size), convert_bytes(r.training)] for r in rows
+    ]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
+    lines = [f"Memory Usage for loading `{model_name}`:", ""]
+    lines.append("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
+    lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for c in cells:
+        lines.append("| " + " | ".join(v.ljust(w) for v, w in zip(c, widths)) + " |")
+    return "\n".join(lines)
+
+
+def create_empty_model(
+    model_name: str, library_name: str | None = None, trust_remote_code: bool = False, access_token: str | None = None
+) -> nn.Module:
+    """Build ``model_name`` on the meta device.
+
+    ``model_name`` is a Hub id, a local folder or ``config.json`` (transformers), a timm name, or
+    ``package.module:factory`` (any importable callable returning a module).
+    """
+    if ":" in model_name and not os.path.exists(model_name) and library_name in (None, "torch"):
+        module_name, _, attr = model_name.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as err:
+            raise ValueError(f"Cannot import the model factory {model_name!r}: {err}.") from None
+        with init_empty_weights():
+            return factory()
+    if library_name is None:
+        library_name = _guess_library(model_name, access_token)
+    if library_name == "transformers":
+        return _transformers_model(model_name, trust_remote_code, access_token)
+    if library_name == "timm":
+        return _timm_model(model_name)
+    raise ValueError(f"library_name {library_name!r} is not supported: use 'transformers' or 'timm'.")
+
+
+def _guess_library(model_name: str, access_token: str | None) -> str:
+    if os.path.isdir(model_name) or model_name.endswith(".json"):
+        config_path = os.path.join(model_name, "config.json") if os.path.isdir(model_name) else model_name
+        if not os.path.isfile(config_path):
+            raise ValueError(f"{model_name!r} has no config.json: pass a transformers config file or folder.")
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+        return "timm" if "architecture" in config and "model_type" not in config else "transformers"
+    from accel_state.imports import is_huggingface_hub_available
+
+    if not is_huggingface_hub_available():
+        raise ImportError(
+            f'Finding {model_name!r} on the Hub needs huggingface_hub: pip install "accel-bigmodel[hub]" '
+            "(or pass a local config file)."
+        )
+    from huggingface_hub import model_info
+
+    try:
+        info = model_info(model_name, token=access_token)
+    except Exception as err:
+        raise ValueError(f"Cannot find {model_name!r} on the Hub ({type(err).__name__}: {err}).") from None
+    library = getattr(info, "library_name", None)
+    if library not in ("transformers", "timm"):
+        raise ValueError(
+            f"{model_name!r} does not say which library it uses ({library!r}): pass --library_name transformers or timm."
+        )
+    return library
+
+
+def _transformers_model(model_name: str, trust_remote_code: bool, access_token: str | None) -> nn.Module:
+    from accel_state.imports import is_transformers_available
+
+    if not is_transformers_available():
+        raise ImportError(f'Building {model_name!r} needs transformers: pip install "accel-bigmodel[transformers]".')
+    import transformers
+
+    source = os.path.dirname(model_name) if model_name.endswith(".json") else model_name
+    config = transformers.AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, token=access_token)
+    auto = transformers.AutoModel
+    for arch in getattr(config, "architectures", None) or []:
+        candidate = getattr(transformers, arch, None)
+        if candidate is not None:
+            auto = candidate
+            break
+    with init_empty_weights():
+        if auto is transformers.AutoModel:
+            return auto.from_config(config, trust_remote_code=trust_remote_code)
+        return auto(config)
+
+
+def _timm_model(model_name: str) -> nn.Module:
+    from accel_state.imports import is_timm_available
+
+    if not is_timm_available():
+        raise ImportError(f'Building {model_name!r} needs timm: pip install "accel-bigmodel[timm]".')
+    import timm
+
+    with init_empty_weights():
+        return timm.create_model(model_name, pretrained=False)
+
+
+def gather_data(args: Any) -> list[EstimateRow]:
+    """Rows for the parsed CLI arguments."""
+    model = create_empty_model(
+        args.model_name, library_name=args.library_name, trust_remote_code=args.trust_remote_code
+    )
+    return estimate_memory(model, args.dtypes)

@@ -1,0 +1,246 @@
+"""Load a checkpoint into a (possibly empty) model, placing each weight where a device map says.
+
+The checkpoint is first compared with the model (missing and unexpected names, shape mismatches)
+from file headers only, before any weight moves. Weights mapped to "disk" that already sit in a
+safetensors file are indexed in place, never copied; other disk weights go to ``offload_folder``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from accel_bigmodel.checkpoint import describe, is_safetensors, resolve_checkpoint
+from accel_bigmodel.offload import offload_weight, save_offload_index
+from accel_bigmodel.planning import check_device_map, device_for
+from accel_bigmodel.progress import progress
+from accel_bigmodel.sizes import str_to_dtype
+from accel_bigmodel.tensor_io import FileMaps, TensorLocation, dtype_name
+from accel_bigmodel.tied import retie_parameters
+from accel_state.logging import get_logger
+
+logger = get_logger(__name__)
+
+
+class CheckpointMismatchError(ValueError):
+    """The checkpoint's names or shapes do not match the model's (raised with ``strict=True``)."""
+
+
+def _scan_model(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, nn.Module], set[str], list[list[str]]]:
+    """One walk: the tensors a checkpoint should hold, modules by name, buffer names, tied groups."""
+    expected: dict[str, torch.Tensor] = {}
+    modules: dict[str, nn.Module] = {}
+    buffers: set[str] = set()
+    by_id: dict[int, list[str]] = {}
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        modules.setdefault(prefix, module)
+        dot = f"{prefix}." if prefix else ""
+        for name, param in module._parameters.items():
+            if param is not None:
+                expected[dot + name] = param
+                by_id.setdefault(id(param), []).append(dot + name)
+        for name, buf in module._buffers.items():
+            if buf is not None:
+                buffers.add(dot + name)
+                if name not in module._non_persistent_buffers_set:
+                    expected[dot + name] = buf
+    tied = sorted(sorted(names) for names in by_id.values() if len(names) > 1)
+    return expected, modules, buffers, tied
+
+
+def check_checkpoint_matches(
+    expected: Mapping[str, torch.Tensor],
+    found: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
+    tied_groups: list[list[str]],
+    strict: bool,
+    source: str,
+) -> set[str]:
+    """Report missing/unexpected names and shape mismatches: an error when ``strict``, else a warning.
+
+    Returns the names whose shapes differ (they are skipped when not strict).
+    """
+    tied_ok = set()
+    for group in tied_groups:
+        if any(name in found for name in group):
+            tied_ok.update(group)
+    missing = [k for k in expected if k not in found and k not in tied_ok]
+    unexpected = [k for k in found if k not in expected]
+    bad_shapes = {k for k in expected if k in found and tuple(found[k][0]) != tuple(expected[k].shape)}
+    shapes = [
+        f"{k}: checkpoint {tuple(found[k][0])} vs model {tuple(expected[k].shape)}" for k in expected if k in bad_shapes
+    ]
+    if not (missing or unexpected or shapes):
+        return set()
+
+    def listing(items: list[str]) -> str:
+        return ", ".join(items[:20]) + (f" ... ({len(items)} in all)" if len(items) > 20 else "")
+
+    parts = []
+    if missing:
+        parts.append(f"missing keys: {listing(missing)}")
+    if unexpected:
+        parts.append(f"unexpected keys: {listing(unexpected)}")
+    if shapes:
+        parts.append(f"shape mismatches: {listing(shapes)}")
+    message = f"Checkpoint {source!r} does not match the model; " + "; ".join(parts) + "."
+    if strict:
+        raise CheckpointMismatchError(message)
+    if shapes:
+        message += " Weights whose shapes differ are not loaded."
+    warnings.warn(message, stacklevel=3)
+    return bad_shapes
+
+
+def _target_dtype(
+    name: str, current: torch.Tensor, stored: torch.dtype, dtype: torch.dtype | None, fp32_modules: list[str]
+) -> torch.dtype:
+    if not stored.is_floating_point:
+        return stored
+    if dtype is None:
+        return current.dtype if current.is_floating_point() else stored
+    if fp32_modules and any(m == name or name.startswith(m + ".") or f".{m}." in f".{name}" for m in fp32_modules):
+        return torch.float32
+    return dtype
+
+
+def load_checkpoint_in_model(
+    model: nn.Module,
+    checkpoint: str | os.PathLike[str],
+    device_map: dict[str, int | str | torch.device] | None = None,
+    offload_folder: str | os.PathLike[str] | None = None,
+    dtype: str | torch.dtype | None = None,
+    offload_state_dict: bool = False,
+    offload_buffers: bool = False,
+    keep_in_fp32_modules: list[str] | None = None,
+    offload_8bit_bnb: bool = False,
+    strict: bool = False,
+    full_state_dict: bool = True,
+    broadcast_from_rank0: bool = False,
+) -> None:
+    """Load ``checkpoint`` (file, folder, or sharded index) into ``model`` in place, following ``device_map``.
+
+    Weights mapped to "disk" are indexed in ``offload_folder`` (``index.json``); with
+    ``offload_state_dict`` CPU weights are kept out of RAM until every file has been read.
+    """
+    if broadcast_from_rank0:
+        raise NotImplementedError(
+            "broadcast_from_rank0=True is not supported by accel-bigmodel yet: load on every rank, or load "
+            "on rank 0 and use accel-train's FSDP loading."
+        )
+    if offload_8bit_bnb:
+        raise NotImplementedError("offload_8bit_bnb is handled by accel-quant's load_and_quantize_model.")
+    torch_dtype = str_to_dtype(dtype) if dtype is not None else None
+    fp32_modules = list(keep_in_fp32_modules or [])
+    if device_map is not None:
+        check_device_map(model, device_map)
+        if "disk" in {str(v) for v in device_map.values()} and offload_folder is None:
+            raise ValueError(
+                "The device_map puts some modules on 'disk' but no offload_folder was given: pass "
+                "offload_folder=<a folder> to hold them."
+            )
+    if offload_folder is not None:
+        os.makedirs(offload_folder, exist_ok=True)
+
+    files = resolve_checkpoint(checkpoint)
+    found, opened = describe(files.files)
+    expected, modules, buffer_names, tied_groups = _scan_model(model)
+    skip = check_checkpoint_matches(expected, found, tied_groups, strict, os.fspath(checkpoint))
+
+    offload_index: dict[str, Any] = {}
+    deferred: dict[str, Any] = {}  # cpu weights kept out of RAM until the end (offload_state_dict)
+    temp_dir = tempfile.mkdtemp(prefix="accel-offload-") if offload_state_dict else None
+    maps = FileMaps()
+    try:
+        for path in progress(
+            files.files,
+            total=len(files.files),
+            desc="Loading checkpoint shards",
+            enabled=None if len(files.files) > 1 else False,
+        ):
+            entry = opened[path]
+            safetensors_file = is_safetensors(path)
+            for name, raw_item in entry.items():
+                item: Any = raw_item
+                current = expected.get(name)
+                if current is None or name in skip or not _is_weight(item):
+                    continue
+                stored = item.dtype
+                wanted = _target_dtype(name, current, stored, torch_dtype, fp32_modules)
+                device = device_for(name, device_map) if device_map is not None else "cpu"
+                device = "cpu" if device is None else device
+                if device == "disk" and (offload_buffers or name not in buffer_names):
+                    if safetensors_file:
+                        offload_index[name] = {
+                            "safetensors_file": os.path.abspath(path),
+                            "weight_name": name,
+                            "dtype": dtype_name(wanted),
+                        }
+                    else:
+                        offload_weight(item.to(wanted), name, str(offload_folder), index=offload_index)
+                    continue
+                if device == "disk":
+                    device = "cpu"
+                if temp_dir is not None and device == "cpu" and name not in buffer_names:
+                    if safetensors_file:
+                        deferred[name] = (path, item, wanted)
+                    else:
+                        deferred[name] = None
+                        offload_weight(item.to(wanted), name, temp_dir)
+                        deferred[name] = ("dat", wanted)
+                    continue
+                value = maps.tensor(item) if safetensors_file else item
+                _place(modules, name, value, wanted, device)
+            opened[path] = None  # drop the .bin dict (and its memory map) once read
+        for name, info in deferred.items():
+            if info[0] == "dat":
+                from accel_bigmodel.offload import load_offloaded_weight
+
+                value = load_offloaded_weight(
+                    os.path.join(str(temp_dir), f"{name}.dat"),
+                    {"dtype": dtype_name(info[1]), "shape": list(expected[name].shape)},
+                )
+                _place(modules, name, value, info[1], "cpu")
+            else:
+                path, item, wanted = info
+                _place(modules, name, maps.tensor(item), wanted, "cpu")
+    finally:
+        maps.close()
+        if temp_dir is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+    if offload_index:
+        save_offload_index(offload_index, offload_folder)  # type: ignore[arg-type]
+    retie_parameters(model, tied_groups)
+
+
+def _place(modules: dict[str, nn.Module], name: str, value: torch.Tensor, dtype: torch.dtype, device: Any) -> None:
+    """Fast path of set_module_tensor_to_device for loading: shapes were checked up front."""
+    module_name, _, attr = name.rpartition(".")
+    owner = modules[module_name]
+    if value.dtype != dtype:
+        value = value.to(dtype)
+    if isinstance(device, int) or (isinstance(device, str) and device != "cpu") or isinstance(device, torch.device):
+        target = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if value.device != target:
+            value = value.to(target)
+    if attr in owner._buffers:
+        owner._buffers[attr] = value
+        return
+    old = owner._parameters[attr]
+    requires_grad = bool(old is not None and old.requires_grad and (value.is_floating_point() or value.is_complex()))
+    cls = type(old) if old is not None else nn.Parameter
+    owner._parameters[attr] = (
+        nn.Parameter(value, requires_grad=requires_grad)
+        if cls is nn.Parameter
+        else cls(value, requires_grad=requires_grad)
+    )
+
+
+def _is_weight(item: object) -> bool:
+    return isinstance(item, torch.Tensor | TensorLocation)

@@ -1,0 +1,322 @@
+"""Raw tensor reads and writes: safetensors headers, byte ranges read straight into tensors.
+
+Reading a weight means one ``preadv`` into a freshly allocated tensor (the GIL is released while the
+kernel copies), so background threads can prefetch while the main thread computes. Nothing here
+needs numpy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "C64": torch.complex64,
+}
+for _name, _attr in (
+    ("F8_E4M3", "float8_e4m3fn"),
+    ("F8_E5M2", "float8_e5m2"),
+    ("U16", "uint16"),
+    ("U32", "uint32"),
+    ("U64", "uint64"),
+):
+    if hasattr(torch, _attr):
+        SAFETENSORS_DTYPES[_name] = getattr(torch, _attr)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be read: truncated, corrupt, or not what its name says."""
+
+
+@dataclass(frozen=True)
+class TensorLocation:
+    """Where a tensor's bytes are: ``path`` at byte ``offset``, with its stored dtype and shape."""
+
+    path: str
+    offset: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count * _element_size(self.dtype)
+
+
+_ELEMENT_SIZES: dict[torch.dtype, int] = {}
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    size = _ELEMENT_SIZES.get(dtype)
+    if size is None:
+        size = _ELEMENT_SIZES[dtype] = torch.empty((), dtype=dtype, device="meta").element_size()
+    return size
+
+
+def read_safetensors_header(path: str) -> tuple[dict[str, TensorLocation], dict[str, str]]:
+    """Tensor locations and metadata of a safetensors file, read from its header only.
+
+    A header that is not JSON, or a tensor whose bytes lie beyond the end of the file, is a
+    :class:`CheckpointError` naming the file.
+    """
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            raw_len = f.read(8)
+            if len(raw_len) < 8:
+                raise CheckpointError(
+                    f"Checkpoint file {path!r} is truncated: it is {size} bytes, too short for a safetensors header."
+                )
+            (header_len,) = struct.unpack("<Q", raw_len)
+            if header_len > size - 8:
+                raise CheckpointError(
+                    f"Checkpoint file {path!r} is truncated or not a safetensors file: its header claims "
+                    f"{header_len} bytes but the file has {size}."
+                )
+            header = json.loads(f.read(header_len))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(
+            f"Checkpoint file {path!r} is corrupt: its safetensors header is not valid JSON ({err})."
+        ) from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"Checkpoint file {path!r} is corrupt: its safetensors header is not a JSON object.")
+    metadata = header.pop("__metadata__", None) or {}
+    base = 8 + header_len
+    locations: dict[str, TensorLocation] = {}
+    for name, info in header.items():
+        try:
+            dtype = SAFETENSORS_DTYPES[info["dtype"]]
+            begin, end = info["data_offsets"]
+            shape = tuple(int(d) for d in info["shape"])
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(
+                f"Checkpoint file {path!r} is corrupt or uses an unknown dtype for tensor {name!r}: {info!r}."
+            ) from None
+        if base + end > size:
+            raise CheckpointError(
+                f"Checkpoint file {path!r} is truncated: tensor {name!r} ends at byte {base + end} but the file has {size} bytes."
+            )
+        location = TensorLocation(path, base + begin, dtype, shape)
+        if location.nbytes != end - begin:
+            raise CheckpointError(
+                f"Checkpoint file {path!r} is corrupt: tensor {name!r} has {end - begin} bytes for shape {shape}."
+            )
+        locations[name] = location
+    return locations, metadata
+
+
+def _byte_view(tensor: torch.Tensor) -> memoryview:
+    """A writable memoryview over a contiguous CPU tensor's bytes (no copy, no numpy)."""
+    nbytes = tensor.numel() * tensor.element_size()
+    return memoryview((ctypes.c_ubyte * nbytes).from_address(tensor.data_ptr())).cast("B")
+
+
+def read_into(fd: int, offset: int, tensor: torch.Tensor, path: str = "<file>") -> torch.Tensor:
+    """Fill contiguous CPU ``tensor`` with bytes from ``fd`` at ``offset``."""
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes == 0:
+        return tensor
+    view = _byte_view(tensor)
+    done = 0
+    while done < nbytes:
+        count = os.preadv(fd, [view[done:]], offset + done)
+        if count <= 0:
+            raise CheckpointError(f"File {path!r} ended early: expected {nbytes} bytes at offset {offset}, got {done}.")
+        done += count
+    return tensor
+
+
+def read_tensor(fd: int, location: TensorLocation, pin: bool = False) -> torch.Tensor:
+    """A new CPU tensor holding the bytes described by ``location``."""
+    out = torch.empty(location.shape, dtype=location.dtype, pin_memory=pin)
+    return read_into(fd, location.offset, out, location.path)
+
+
+def write_tensor(path: str, tensor: torch.Tensor) -> None:
+    """Write the raw bytes of ``tensor`` (made contiguous, on CPU) to ``path``."""
+    data = tensor.detach().to("cpu").contiguous()
+    with open(path, "wb") as f:
+        if data.numel():
+            f.write(_byte_view(data))
+
+
+class FileHandles:
+    """Open read-only descriptors by path, shared by readers and closed together."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+
+    def get(self, path: str) -> int:
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = self._fds[path] = os.open(path, os.O_RDONLY)
+        return fd
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._fds.clear()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """'float16' for torch.float16 (the form used in offload indexes)."""
+    return str(dtype).rpartition(".")[2]
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    value: Any = getattr(torch, name.rpartition(".")[2], None)
+    if not isinstance(value, torch.dtype):
+        raise CheckpointError(f"Unknown dtype {name!r} in an offload index.")
+    return value
+
+
+class FileMaps:
+    """Private (copy-on-write) memory maps by path: tensors made from them share the page cache, no copy."""
+
+    def __init__(self) -> None:
+        self._maps: dict[str, mmap.mmap] = {}
+
+    def tensor(self, location: TensorLocation) -> torch.Tensor:
+        """A CPU tensor viewing ``location``'s bytes in place (writes stay private to the process)."""
+        count = 1
+        for dim in location.shape:
+            count *= dim
+        if count == 0:
+            return torch.empty(location.shape, dtype=location.dtype)
+        mapped = self._maps.get(location.path)
+        if mapped is None:
+            with open(location.path, "rb") as f:
+                mapped = self._maps[location.path] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        if location.offset % _element_size(location.dtype) == 0:
+            flat = torch.frombuffer(mapped, dtype=location.dtype, count=count, offset=location.offset)
+        else:  # unaligned: view the bytes, then copy into an aligned tensor
+            raw = torch.frombuffer(mapped, dtype=torch.uint8, count=location.nbytes, offset=location.offset)
+            flat = raw.clone().view(location.dtype)
+        return flat.view(location.shape)
+
+    def close(self) -> None:
+        self._maps.clear()  # maps stay open while tensors use them; they close when the last one goes
+
+
+MAP_THRESHOLD = 1 << 20  # tensors at least this big are mapped (zero copy) rather than read
+
+
+def map_tensor(location: TensorLocation) -> torch.Tensor:
+    """A CPU tensor over ``location``'s bytes through its own private (copy-on-write) mapping.
+
+    The mapping is released with the tensor, so memory holds only the weights in use. The kernel is
+    asked to read the pages ahead (``MADV_WILLNEED``, asynchronous); pre-populating the mapping would
+    copy every page of a writable private mapping, which costs more than the forward itself.
+    """
+    granularity = mmap.ALLOCATIONGRANULARITY
+    start = location.offset - location.offset % granularity
+    length = location.nbytes + (location.offset - start)
+    fd = os.open(location.path, os.O_RDONLY)
+    try:
+        mapped = mmap.mmap(fd, length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
+    finally:
+        os.close(fd)
+    if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_WILLNEED"):
+        mapped.madvise(mmap.MADV_WILLNEED)
+    inner = location.offset - start
+    count = location.nbytes // _element_size(location.dtype)
+    if inner % _element_size(location.dtype):
+        raw = torch.frombuffer(mapped, dtype=torch.uint8, count=location.nbytes, offset=inner)
+        return raw.clone().view(location.dtype).view(location.shape)
+    return torch.frombuffer(mapped, dtype=location.dtype, count=count, offset=inner).view(location.shape)
+
+
+def _split_uniform(
+    buffer: torch.Tensor, start: int, run: list[int], locations: list[TensorLocation], out: list[Any]
+) -> bool:
+    """Fast path for a run of same-dtype, aligned, non-overlapping tensors: one C++ split, then reshapes."""
+    dtype = locations[run[0]].dtype
+    size = _element_size(dtype)
+    if buffer.numel() % size:
+        return False
+    sizes: list[int] = []
+    slots: list[int] = []  # index in ``sizes`` of each tensor of the run
+    position = start
+    for i in run:
+        loc = locations[i]
+        if loc.dtype != dtype or loc.offset < position or (loc.offset - start) % size or loc.nbytes == 0:
+            return False
+        if loc.offset > position:
+            sizes.append((loc.offset - position) // size)
+        slots.append(len(sizes))
+        sizes.append(loc.nbytes // size)
+        position = loc.offset + loc.nbytes
+    pieces = torch.split_with_sizes(buffer.view(dtype), sizes)
+    for i, slot in zip(run, slots):
+        out[i] = pieces[slot].view(locations[i].shape)
+    return True
+
+
+def read_coalesced(locations: list[TensorLocation], handles: FileHandles, max_gap: int = 1 << 16) -> list[torch.Tensor]:
+    """Read many tensors with as few system calls as possible: byte ranges close together in one file are read at once.
+
+    Returns one CPU tensor per location, in order (views into shared buffers when aligned).
+    """
+    out: list[torch.Tensor | None] = [None] * len(locations)
+    order = sorted(range(len(locations)), key=lambda i: (locations[i].path, locations[i].offset))
+    run: list[int] = []
+
+    def flush() -> None:
+        if not run:
+            return
+        first, last = locations[run[0]], max((locations[i] for i in run), key=lambda loc: loc.offset + loc.nbytes)
+        start, end = first.offset, last.offset + last.nbytes
+        buffer = torch.empty(end - start, dtype=torch.uint8)
+        read_into(handles.get(first.path), start, buffer, first.path)
+        if _split_uniform(buffer, start, run, locations, out):
+            run.clear()
+            return
+        for i in run:
+            loc = locations[i]
+            inner = loc.offset - start
+            piece = buffer[inner : inner + loc.nbytes]
+            if loc.nbytes == 0:
+                out[i] = torch.empty(loc.shape, dtype=loc.dtype)
+            elif inner % _element_size(loc.dtype):
+                out[i] = piece.clone().view(loc.dtype).view(loc.shape)
+            else:
+                out[i] = piece.view(loc.dtype).view(loc.shape)
+        run.clear()
+
+    run_end = -1
+    run_path = None
+    for i in order:
+        loc = locations[i]
+        if run and (loc.path != run_path or loc.offset > run_end + max_gap):
+            flush()
+        if not run:
+            run_path, run_end = loc.path, loc.offset
+        run.append(i)
+        run_end = max(run_end, loc.offset + loc.nbytes)
+    flush()
+    return out  # type: ignore[return-value]
