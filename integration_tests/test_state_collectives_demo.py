@@ -9,7 +9,14 @@ from conftest import ROOT, run_command
 
 def test_collectives_demo_on_two_processes() -> None:
     result = run_command(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(ROOT / "examples" / "collectives_demo.py")],
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            str(ROOT / "examples" / "collectives_demo.py"),
+        ],
         timeout=240,
     )
     assert result.returncode == 0, result.stderr[-3000:]

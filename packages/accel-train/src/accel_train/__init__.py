@@ -1,5 +1,64 @@
-"""The Accelerator: one training script for CPU, GPU, DDP, FSDP, DeepSpeed and mixed precision."""
+"""accel-train: the Accelerator, its optimizer and scheduler wrappers, plugins and checkpoints.
+
+Names load on first use (module ``__getattr__``): ``import accel_train`` does no work.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from accel_train.__about__ import __version__
 
-__all__ = ["__version__"]
+_EXPORTS: dict[str, str] = {}
+
+
+def _export(module: str, *names: str) -> None:
+    for name in names:
+        _EXPORTS[name] = module
+
+
+_export("accelerator", "Accelerator")
+_export("optimizer", "AcceleratedOptimizer")
+_export("scheduler", "AcceleratedScheduler")
+_export("local_sgd", "LocalSGD")
+_export(
+    "kwargs_handlers",
+    "AutocastKwargs",
+    "DistributedDataParallelKwargs",
+    "DDPCommunicationHookType",
+    "GradScalerKwargs",
+    "ProfileKwargs",
+    "FP8RecipeKwargs",
+    "TERecipeKwargs",
+    "MSAMPRecipeKwargs",
+    "AORecipeKwargs",
+)
+_export("plugins", "GradientAccumulationPlugin", "ProjectConfiguration", "TorchDynamoPlugin")
+_export(
+    "parallel_plugins",
+    "FullyShardedDataParallelPlugin",
+    "DeepSpeedPlugin",
+    "MegatronLMPlugin",
+    "TorchTensorParallelPlugin",
+    "ParallelismConfig",
+    "BackendNotAvailableError",
+)
+_export("checkpointing", "CheckpointMismatchError")
+_export("checkpoint_io", "UnsafeCheckpointError")
+_export("merge", "merge_fsdp_weights")
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accel_train' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"accel_train.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,79 @@
+"""A worker killed during ``save_state`` under ``accel launch`` (2 processes): the previous checkpoint
+stays loadable, nothing partial is picked, and a relaunch resumes from it."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import textwrap
+
+from conftest import accel_command, run_command
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys, torch
+    from accel_train import Accelerator, ProjectConfiguration
+
+    project, phase = sys.argv[1], sys.argv[2]
+    accelerator = Accelerator(project_config=ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True, total_limit=1))
+
+    class Bomb:
+        armed = False
+        def state_dict(self):
+            if self.armed:
+                os.kill(os.getpid(), signal.SIGKILL)  # the main process dies while writing the checkpoint
+            return {}
+        def load_state_dict(self, state):
+            pass
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    bomb = Bomb()
+    accelerator.register_for_checkpointing(bomb)
+
+    def train(steps):
+        for _ in range(steps):
+            accelerator.backward(model(torch.ones(4, 8) * (accelerator.process_index + 1)).pow(2).mean())
+            optimizer.step()
+            optimizer.zero_grad()
+
+    if phase == "first":
+        train(3)
+        accelerator.save_state()
+        torch.save(accelerator.unwrap_model(model).state_dict(), os.path.join(project, f"expected_{accelerator.process_index}.pt"))
+        train(2)
+        bomb.armed = True
+        accelerator.save_state()
+        print("NOT REACHED", flush=True)
+    else:
+        accelerator.load_state()
+        expected = torch.load(os.path.join(project, f"expected_{accelerator.process_index}.pt"), weights_only=True)
+        got = accelerator.unwrap_model(model).state_dict()
+        assert all(torch.equal(expected[k], got[k]) for k in expected), "resumed parameters differ from checkpoint_0"
+        assert accelerator.save_iteration == 1
+        train(1)
+        accelerator.save_state()
+        accelerator.print("RESUMED OK", sorted(os.listdir(os.path.join(project, "checkpoints"))))
+    accelerator.end_training()
+    """
+)
+
+
+def test_killed_save_keeps_previous_checkpoint(tmp_path: pathlib.Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    project = tmp_path / "project"
+    project.mkdir()
+    launch = [*accel_command(), "launch", "--cpu", "--num_processes", "2", str(script), str(project)]
+    first = run_command([*launch, "first"], timeout=300)
+    assert first.returncode != 0 and "NOT REACHED" not in first.stdout
+    entries = sorted(os.listdir(project / "checkpoints"))
+    assert "checkpoint_0" in entries and "checkpoint_1" not in entries, entries
+    second = run_command([*launch, "second"], timeout=300)
+    text = second.stdout + second.stderr
+    assert second.returncode == 0, text[-4000:]
+    assert (
+        "RESUMED OK ['checkpoint_1']" in text
+    )  # total_limit=1 removed checkpoint_0 only after checkpoint_1 was complete

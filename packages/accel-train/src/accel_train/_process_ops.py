@@ -1,0 +1,127 @@
+"""The Accelerator's process-control and collective methods (a mixin over ``self.state``)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from accel_state import operations
+from accel_state.nested import recursively_apply
+
+
+class ProcessOpsMixin:
+    """Collectives, process control and printing; every collective is a no-op in one process."""
+
+    state: Any
+    gradient_state: Any
+    flag_tensor: torch.Tensor | None
+
+    # -- collectives --------------------------------------------------------------------------------
+
+    def gather(self, tensor: Any) -> Any:
+        """Gather (nested) tensors from every process, concatenated on the first dimension."""
+        return operations.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather for metric computation, dropping the samples duplicated to even out the last batch."""
+        try:
+            recursively_apply(lambda x: x, input_data, error_on_other_type=True)
+            all_tensors = True
+        except TypeError:
+            all_tensors = False
+        use_gather_object = use_gather_object or not all_tensors
+        data = operations.gather_object(input_data) if use_gather_object else operations.gather(input_data)
+        gradient_state = self.gradient_state
+        if not gradient_state.end_of_dataloader:
+            return data
+        duplicated = gradient_state.remainder  # samples repeated to even out the last batch (-1: unknown)
+        if duplicated <= 0:
+            return data
+        if use_gather_object:
+            return data[: len(data) - duplicated]
+        return recursively_apply(lambda tensor: tensor[: tensor.shape[0] - duplicated], data)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Reduce (nested) tensors across processes with ``sum``, ``mean`` or ``none``."""
+        return operations.reduce(tensor, reduction, scale)
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        """Pad (nested) tensors on ``dim`` to the largest size found on any process."""
+        return operations.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    # -- process control ----------------------------------------------------------------------------
+
+    def wait_for_everyone(self) -> None:
+        """Barrier across every process (nothing in one process)."""
+        self.state.wait_for_everyone()
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Yield this process's share of ``inputs`` (list, tuple, tensor or dict of them)."""
+        with self.state._partial.split_between_processes(inputs, apply_padding=apply_padding) as share:
+            yield share
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on the main process first, then on the others."""
+        with self.state._partial.main_process_first():
+            yield
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """Run the block on each machine's local main process first, then on the others."""
+        with self.state._partial.local_main_process_first():
+            yield
+
+    def on_main_process(self, function: Callable[..., Any] | None = None) -> Any:
+        """Decorator: run only on the main process."""
+        if function is None:
+            raise ValueError("on_main_process is a decorator: use `@accelerator.on_main_process` on a function")
+        return self.state._partial.on_main_process(function)
+
+    def on_local_main_process(self, function: Callable[..., Any] | None = None) -> Any:
+        """Decorator: run only on each machine's local main process."""
+        if function is None:
+            raise ValueError("on_local_main_process is a decorator: use it on a function")
+        return self.state._partial.on_local_main_process(function)
+
+    def on_last_process(self, function: Callable[..., Any]) -> Any:
+        """Decorator: run only on the last process."""
+        return self.state._partial.on_last_process(function)
+
+    def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None) -> Any:
+        """Decorator: run only on the process of global index ``process_index``."""
+        if process_index is None:
+            raise ValueError("on_process needs `process_index`: `@accelerator.on_process(process_index=1)`")
+        return self.state._partial.on_process(function, process_index=process_index)
+
+    def on_local_process(
+        self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
+    ) -> Any:
+        """Decorator: run only on the process of local index ``local_process_index``."""
+        if local_process_index is None:
+            raise ValueError("on_local_process needs `local_process_index`")
+        return self.state._partial.on_local_process(function, local_process_index=local_process_index)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` once per machine."""
+        self.state._partial.print(*args, **kwargs)
+
+    # -- cross-process trigger ----------------------------------------------------------------------
+
+    def set_trigger(self) -> None:
+        """Raise the trigger on this process; :meth:`check_trigger` sees it on every process."""
+        self.flag_tensor = torch.tensor(1, device=self.state.device)
+
+    def check_trigger(self) -> bool:
+        """True on every process when any process called :meth:`set_trigger` (then resets it)."""
+        if self.flag_tensor is None:
+            self.flag_tensor = torch.tensor(0, device=self.state.device)
+        flags = operations.reduce(self.flag_tensor, "sum")
+        if int(flags.item()) >= 1:
+            self.flag_tensor = torch.tensor(0, device=self.state.device)
+            return True
+        return False

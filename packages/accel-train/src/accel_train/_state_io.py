@@ -1,0 +1,323 @@
+"""The Accelerator's saving and loading: ``save_state`` / ``load_state``, ``save``, ``save_model``."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from accel_train import checkpoint_io as io
+from accel_train import checkpointing as ckpt
+
+logger = logging.getLogger(__name__)
+
+
+class _RemovableHandle:
+    """Removes a hook from the dict it was registered in (like ``torch.utils.hooks.RemovableHandle``)."""
+
+    _next_id = 0
+
+    def __init__(self, hooks: dict[int, Any]) -> None:
+        self.hooks = hooks
+        self.id = _RemovableHandle._next_id
+        _RemovableHandle._next_id += 1
+
+    def remove(self) -> None:
+        self.hooks.pop(self.id, None)
+
+    def __enter__(self) -> _RemovableHandle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+class StateIOMixin:
+    """Checkpoints of the whole training state, and saving of single objects and models."""
+
+    state: Any
+    project_configuration: Any
+    _models: list[Any]
+    _optimizers: list[Any]
+    _schedulers: list[Any]
+    _dataloaders: list[Any]
+    _custom_objects: list[Any]
+    _save_model_state_pre_hook: dict[int, Any]
+    _load_model_state_pre_hook: dict[int, Any]
+    scaler: Any
+    step: int
+
+    # -- who writes -------------------------------------------------------------------------------
+
+    def _is_writer(self) -> bool:
+        if self.project_configuration.save_on_each_node:
+            return bool(self.state.is_local_main_process)
+        return bool(self.state.is_main_process)
+
+    # -- registration -----------------------------------------------------------------------------
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and load these objects (each with ``state_dict`` and ``load_state_dict``) with the state."""
+        invalid = [
+            f"{index}: {type(obj).__name__}"
+            for index, obj in enumerate(objects)
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"))
+        ]
+        if invalid:
+            raise ValueError(
+                "all objects registered for checkpointing need `state_dict` and `load_state_dict` methods; "
+                f"these do not: {', '.join(invalid)}"
+            )
+        self._custom_objects.extend(objects)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> _RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` in ``save_state`` before the files are written."""
+        handle = _RemovableHandle(self._save_model_state_pre_hook)
+        self._save_model_state_pre_hook[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> _RemovableHandle:
+        """Call ``hook(models, input_dir)`` in ``load_state`` before the files are read."""
+        handle = _RemovableHandle(self._load_model_state_pre_hook)
+        self._load_model_state_pre_hook[handle.id] = hook
+        return handle
+
+    # -- save_state -------------------------------------------------------------------------------
+
+    def _checkpoints_base(self) -> str:
+        project_dir = self.project_configuration.project_dir
+        if project_dir is None:
+            raise ValueError(
+                "automatic_checkpoint_naming needs a project folder: pass project_dir to the Accelerator "
+                "or to its ProjectConfiguration"
+            )
+        return os.path.join(project_dir, ckpt.CHECKPOINTS_FOLDER)
+
+    def save_state(
+        self,
+        output_dir: str | os.PathLike | None = None,
+        safe_serialization: bool = True,
+        **save_model_func_kwargs: Any,
+    ) -> str:
+        """Save models, optimizers, schedulers, data-loader positions, scaler, RNG states and registered
+        objects to ``output_dir`` (or ``project_dir/checkpoints/checkpoint_{n}``); returns the folder.
+
+        The folder appears only once complete (written to a hidden sibling, then renamed).
+        """
+        config = self.project_configuration
+        if config.automatic_checkpoint_naming:
+            base = self._checkpoints_base()
+            output_dir = os.path.join(base, f"checkpoint_{config.iteration}")
+            if os.path.exists(output_dir):
+                raise ValueError(
+                    f"checkpoint folder {output_dir} (iteration {config.iteration}) already exists; set "
+                    "`accelerator.project_configuration.iteration` to the number to continue from"
+                )
+        elif output_dir is None:
+            raise ValueError(
+                "save_state needs an `output_dir` (or a ProjectConfiguration with automatic_checkpoint_naming)"
+            )
+        output_dir = os.fspath(output_dir)
+        writer = self._is_writer()
+        if writer:
+            os.makedirs(os.path.dirname(os.path.abspath(output_dir)), exist_ok=True)
+        tmp = ckpt.begin(output_dir, writer)
+        self.state.wait_for_everyone()
+
+        models = list(self._models)
+        weights = [self.get_state_dict(model) for model in models]  # type: ignore[attr-defined]
+        for hook in list(self._save_model_state_pre_hook.values()):
+            hook(models, weights, tmp)
+
+        manifest: dict[str, Any] = {
+            "num_processes": self.state.num_processes,
+            "step": self.step,
+            "safe_serialization": bool(safe_serialization),
+        }
+        if writer:
+            files = self._write_shared_files(tmp, weights, safe_serialization)
+            manifest.update(files)
+        io.save_rng(os.path.join(tmp, ckpt.rng_file(self.state.process_index)))
+        if not self.gradient_state.sync_gradients:  # type: ignore[attr-defined]
+            # Mid-accumulation: the gradients gathered so far are part of the state (per process under DDP).
+            grads = io.accumulated_gradients([self.unwrap_model(m, keep_torch_compile=False) for m in models])  # type: ignore[attr-defined]
+            if grads:
+                io.save_weights(grads, os.path.join(tmp, ckpt.grads_file(self.state.process_index)))
+        self.state.wait_for_everyone()
+        if writer:
+            io.write_manifest(tmp, manifest)
+            ckpt.publish(tmp, output_dir)
+        self.state.wait_for_everyone()
+        if config.automatic_checkpoint_naming:
+            if writer:
+                removed = ckpt.prune(self._checkpoints_base(), config.total_limit, keep=output_dir)
+                for path in removed:
+                    logger.info("removed old checkpoint %s (total_limit=%s)", path, config.total_limit)
+            config.iteration += 1
+        logger.info("saved state to %s", output_dir)
+        return output_dir
+
+    def _write_shared_files(
+        self, folder: str, weights: list[dict[str, Any]], safe_serialization: bool
+    ) -> dict[str, Any]:
+        written: dict[str, Any] = {"models": [], "optimizers": [], "schedulers": [], "dataloaders": [], "custom": []}
+        for index, state_dict in enumerate(weights):
+            name = ckpt.model_file(index, safe_serialization)
+            io.save_weights(state_dict, os.path.join(folder, name), safe_serialization)
+            written["models"].append(name)
+        for index, optimizer in enumerate(self._optimizers):
+            name = ckpt.optimizer_file(index)
+            io.save_torch(optimizer.state_dict(), os.path.join(folder, name))
+            written["optimizers"].append(name)
+        for index, scheduler in enumerate(self._schedulers):
+            name = ckpt.scheduler_file(index)
+            io.save_torch(scheduler.state_dict(), os.path.join(folder, name))
+            written["schedulers"].append(name)
+        for index, loader in enumerate(self._dataloaders):
+            if hasattr(loader, "state_dict"):
+                name = ckpt.dataloader_file(index)
+                io.save_torch(loader.state_dict(), os.path.join(folder, name))
+                written["dataloaders"].append(name)
+        if self.scaler is not None:
+            io.save_torch(self.scaler.state_dict(), os.path.join(folder, "scaler.pt"))
+            written["scaler"] = "scaler.pt"
+        for index, obj in enumerate(self._custom_objects):
+            name = ckpt.custom_file(index)
+            io.save_torch(obj.state_dict(), os.path.join(folder, name))
+            written["custom"].append(name)
+        return written
+
+    # -- load_state -------------------------------------------------------------------------------
+
+    def load_state(
+        self,
+        input_dir: str | os.PathLike | None = None,
+        load_kwargs: dict[str, Any] | None = None,
+        **load_model_func_kwargs: Any,
+    ) -> None:
+        """Restore everything :meth:`save_state` wrote; with automatic naming and no ``input_dir``,
+        the latest complete checkpoint (and later saves continue its numbering).
+
+        Never unpickles Python objects; a folder that does not match what was prepared is an error
+        that lists the missing and extra files.
+        """
+        config = self.project_configuration
+        if input_dir is None:
+            if not config.automatic_checkpoint_naming:
+                raise ValueError(
+                    "load_state needs an `input_dir` (or a ProjectConfiguration with automatic_checkpoint_naming)"
+                )
+            found = ckpt.list_checkpoints(self._checkpoints_base())
+            if not found:
+                raise FileNotFoundError(f"no complete checkpoint in {self._checkpoints_base()} to load")
+            number, input_dir = found[-1]
+            config.iteration = number + 1
+        else:
+            input_dir = os.fspath(input_dir)
+            if config.automatic_checkpoint_naming:
+                match = ckpt._CHECKPOINT_RE.match(os.path.basename(os.path.normpath(input_dir)))
+                if match:
+                    config.iteration = max(config.iteration, int(match.group(1)) + 1)
+        folder = ckpt.resolve_input_dir(input_dir)
+
+        models = list(self._models)
+        for hook in list(self._load_model_state_pre_hook.values()):
+            hook(models, folder)
+
+        manifest = io.read_manifest(folder)
+        dataloaders = [loader for loader in self._dataloaders if hasattr(loader, "load_state_dict")]
+        model_files = ckpt.check_contents(
+            folder,
+            num_models=len(models),
+            num_optimizers=len(self._optimizers),
+            num_schedulers=len(self._schedulers),
+            num_dataloaders=len(dataloaders),
+            num_custom=len(self._custom_objects),
+            has_scaler=self.scaler is not None,
+            process_index=self.state.process_index,
+            num_processes=self.state.num_processes,
+            manifest=manifest,
+        )
+        map_location = load_model_func_kwargs.pop("map_location", None)
+        device = ckpt.torch_device(map_location, self.state.device)
+        strict = load_model_func_kwargs.pop("strict", True)
+        for model, name in zip(models, model_files):
+            target = self.unwrap_model(model, keep_torch_compile=False)  # type: ignore[attr-defined]
+            path = os.path.join(folder, name)
+            io.load_into_model(target, io.load_weights(path, device), path, strict=strict)
+        optimizer_kwargs = dict(load_kwargs or {})
+        for index, optimizer in enumerate(self._optimizers):
+            path = os.path.join(folder, ckpt.optimizer_file(index))
+            optimizer.load_state_dict(io.load_torch(path, map_location=optimizer_kwargs.get("map_location", device)))
+        for index, scheduler in enumerate(self._schedulers):
+            scheduler.load_state_dict(io.load_torch(os.path.join(folder, ckpt.scheduler_file(index))))
+        for index, loader in enumerate(dataloaders):
+            path = os.path.join(folder, ckpt.dataloader_file(index))
+            if os.path.isfile(path):
+                loader.load_state_dict(io.load_torch(path))
+        if self.scaler is not None:
+            self.scaler.load_state_dict(io.load_torch(os.path.join(folder, "scaler.pt")))
+        for index, obj in enumerate(self._custom_objects):
+            obj.load_state_dict(io.load_torch(os.path.join(folder, ckpt.custom_file(index))))
+        rng_path = os.path.join(folder, ckpt.rng_file(self.state.process_index))
+        if os.path.isfile(rng_path):
+            io.load_rng(rng_path)
+        elif os.path.isfile(os.path.join(folder, f"random_states_{self.state.process_index}.pkl")):
+            logger.warning(
+                "%s holds random states as a pickle (written by another tool); accel does not unpickle "
+                "checkpoints, so the random generators were not restored",
+                folder,
+            )
+        else:
+            logger.warning(
+                "no random states for process %d in %s (saved with another number of processes)",
+                self.state.process_index,
+                folder,
+            )
+        grads_path = os.path.join(folder, ckpt.grads_file(self.state.process_index))
+        targets = [self.unwrap_model(m, keep_torch_compile=False) for m in models]  # type: ignore[attr-defined]
+        io.restore_gradients(targets, io.load_weights(grads_path, device) if os.path.isfile(grads_path) else None)
+        if manifest is not None and isinstance(manifest.get("step"), int):
+            self.step = manifest["step"]
+        logger.info("loaded state from %s", folder)
+
+    # -- single objects and models ------------------------------------------------------------------
+
+    def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
+        """Save ``obj`` once per machine (or once in all with the default), replacing ``f`` atomically."""
+        if not self._is_writer():
+            return
+        path = os.fspath(f)
+        tmp = f"{path}.partial"
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            save_file(obj, tmp, metadata={"format": "pt"})
+        else:
+            torch.save(obj, tmp)
+        os.replace(tmp, path)
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | os.PathLike,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write the model's weights as (sharded) safetensors with an index, loadable by
+        ``load_checkpoint_in_model`` / ``load_checkpoint_and_dispatch``."""
+        save_directory = os.fspath(save_directory)
+        if os.path.isfile(save_directory):
+            raise ValueError(f"save_model needs a folder, but {save_directory} is a file")
+        state_dict = self.get_state_dict(model)  # type: ignore[attr-defined]
+        if self._is_writer():
+            from accel_bigmodel.sharding import save_sharded
+
+            os.makedirs(save_directory, exist_ok=True)
+            save_sharded(
+                state_dict, save_directory, max_shard_size=max_shard_size, safe_serialization=safe_serialization
+            )
+        self.state.wait_for_everyone()

@@ -1,0 +1,256 @@
+"""File formats of ``save_state`` checkpoints: reading and writing one file, never unpickling code.
+
+========================  ==========================================================================
+file                      format
+========================  ==========================================================================
+``model.safetensors``     safetensors (``model_{i}.safetensors`` for the i-th model, i > 0);
+                          tensors sharing storage (tied weights) are stored once
+``pytorch_model.bin``     ``torch.save`` zip (with ``safe_serialization=False``), read back with
+                          ``torch.load(weights_only=True)``
+``optimizer.bin``         ``torch.save`` zip of ``optimizer.state_dict()`` (``optimizer_{i}.bin``),
+                          read with ``weights_only=True``: tensors, numbers, strings, lists, dicts only
+``scheduler.bin``         same, for schedulers (``scheduler_{i}.bin``)
+``dl_state_dict.bin``     same, for the position of each prepared data loader (``dl_state_dict_{i}.bin``)
+``scaler.pt``             same, for the fp16 gradient scaler
+``custom_checkpoint_{i}.pkl``  same, for objects given to ``register_for_checkpointing``
+``random_states_{rank}.safetensors``  safetensors: torch/accelerator generator states as uint8 tensors,
+                          Python's and NumPy's states as JSON in the header metadata (no pickle)
+``accumulated_grads_{rank}.safetensors``  gradients gathered so far, when saved between two optimizer
+                          steps of gradient accumulation (per process: under DDP they differ)
+``accel_checkpoint.json``  JSON manifest: what the checkpoint holds, written last
+========================  ==========================================================================
+
+The names of the documented layout are kept (``random_states_{rank}`` gets the ``.safetensors``
+suffix since it is no longer a pickle).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from accel_state import imports
+
+MANIFEST_NAME = "accel_checkpoint.json"
+FORMAT_VERSION = 1
+RNG_FORMAT = "accel-rng-1"
+
+
+class UnsafeCheckpointError(ValueError):
+    """A checkpoint file needs arbitrary code to load (a pickle of objects): refused."""
+
+
+# -- tensors and plain state dicts ------------------------------------------------------------------
+
+
+def save_torch(obj: Any, path: str) -> None:
+    """``torch.save`` to ``path`` (a zip holding tensors and plain Python values)."""
+    torch.save(obj, path)
+
+
+def load_torch(path: str, map_location: Any = "cpu") -> Any:
+    """``torch.load(weights_only=True)``: tensors and plain values only; any other pickle is refused."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise UnsafeCheckpointError(
+            f"{path} holds Python objects that loading would have to execute; accel loads checkpoints with "
+            f"torch.load(weights_only=True) and refuses it. Details: {str(error).splitlines()[0]}"
+        ) from None
+    except RuntimeError as error:
+        if "weights_only" in str(error) or "Weights only load failed" in str(error):
+            raise UnsafeCheckpointError(f"{path} cannot be loaded safely (weights_only=True): {error}") from None
+        raise
+
+
+def _shared_groups(state_dict: Mapping[str, torch.Tensor]) -> list[list[str]]:
+    by_storage: dict[tuple[Any, int, int], list[str]] = {}
+    for name, tensor in state_dict.items():
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type == "meta":
+            continue
+        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
+        by_storage.setdefault(key, []).append(name)
+    return [names for names in by_storage.values() if len(names) > 1]
+
+
+def save_weights(state_dict: Mapping[str, Any], path: str, safe_serialization: bool = True) -> None:
+    """Write a model state dict (safetensors, or ``torch.save`` when not ``safe_serialization``)."""
+    if not safe_serialization:
+        save_torch(dict(state_dict), path)
+        return
+    from safetensors.torch import save_file
+
+    tensors = {name: t for name, t in state_dict.items() if isinstance(t, torch.Tensor)}
+    others = sorted(set(state_dict) - set(tensors))
+    if others:
+        raise TypeError(f"cannot save non-tensor entries {others} of a model state dict with safetensors")
+    aliases: dict[str, str] = {}
+    for group in _shared_groups(tensors):
+        # Same data, same view: one tensor tied under several names (stored once). Other views into the
+        # same storage (a flat buffer, DDP gradient buckets) are copied out so each is stored on its own.
+        by_view: dict[tuple[Any, ...], str] = {}
+        for name in group:
+            tensor = tensors[name]
+            view = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+            if view in by_view:
+                aliases[name] = by_view[view]
+                del tensors[name]
+            else:
+                by_view[view] = name
+        if len(by_view) > 1:
+            for name in by_view.values():
+                tensors[name] = tensors[name].clone()
+    tensors = {name: t.detach().contiguous() if not t.is_contiguous() else t.detach() for name, t in tensors.items()}
+    metadata = {"format": "pt"}
+    if aliases:
+        metadata["accel_aliases"] = json.dumps(aliases)
+    save_file(tensors, path, metadata=metadata)
+
+
+def load_weights(path: str, device: Any = "cpu") -> dict[str, torch.Tensor]:
+    """Read a model state dict written by :func:`save_weights` (or a reference checkpoint)."""
+    if path.endswith(".safetensors"):
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        state = load_file(path, device=str(device))
+        with safe_open(path, framework="pt") as handle:
+            metadata = handle.metadata() or {}
+        for alias, name in json.loads(metadata.get("accel_aliases", "{}")).items():
+            state[alias] = state[name]
+        return state
+    return load_torch(path, map_location=device)
+
+
+def load_into_model(
+    model: torch.nn.Module, state_dict: dict[str, torch.Tensor], source: str, strict: bool = True
+) -> None:
+    """Load ``state_dict`` into ``model``; tied weights missing from the file are accepted."""
+    if state_dict and all(key.startswith("module.") for key in state_dict):
+        state_dict = {key[len("module.") :]: value for key, value in state_dict.items()}
+    result = model.load_state_dict(state_dict, strict=False)
+    if not strict:
+        return
+    own = model.state_dict()
+    tied = {name for group in _shared_groups(own) for name in group}
+    missing = [key for key in result.missing_keys if key not in tied]
+    if missing or result.unexpected_keys:
+        raise RuntimeError(
+            f"{source} does not match the model {type(model).__name__}: missing keys {missing}, "
+            f"unexpected keys {list(result.unexpected_keys)}"
+        )
+
+
+def accumulated_gradients(models: list[torch.nn.Module]) -> dict[str, torch.Tensor]:
+    """``{"<model index>.<parameter>": grad}`` for every parameter holding a gradient."""
+    grads: dict[str, torch.Tensor] = {}
+    for index, model in enumerate(models):
+        for name, param in model.named_parameters():
+            if param.grad is not None:
+                grads[f"{index}.{name}"] = param.grad.detach()
+    return grads
+
+
+def restore_gradients(models: list[torch.nn.Module], grads: dict[str, torch.Tensor] | None) -> None:
+    """Put saved gradients back (and clear those not saved, as after ``zero_grad``)."""
+    for index, model in enumerate(models):
+        for name, param in model.named_parameters():
+            saved = None if grads is None else grads.get(f"{index}.{name}")
+            if saved is None:
+                param.grad = None
+            elif param.grad is not None and param.grad.shape == saved.shape:
+                param.grad.copy_(saved)  # in place: DDP gradient-bucket views stay views
+            else:
+                param.grad = saved.to(device=param.device, dtype=param.dtype).clone()
+
+
+# -- random number generators -------------------------------------------------------------------
+
+
+def rng_states(
+    extra_generators: Mapping[str, torch.Generator] | None = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Every generator's state: tensors for torch/accelerator states, JSON text for Python and NumPy."""
+    tensors: dict[str, torch.Tensor] = {"torch_manual_seed": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for index, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"torch_cuda_manual_seed.{index}"] = state
+    for device in ("xpu", "npu", "mlu", "musa", "hpu"):
+        module = getattr(torch, device, None)
+        checker = getattr(imports, f"is_{device}_available", None)
+        if module is not None and checker is not None and checker() and hasattr(module, "get_rng_state_all"):
+            for index, state in enumerate(module.get_rng_state_all()):
+                tensors[f"torch_{device}_manual_seed.{index}"] = state
+    for name, generator in (extra_generators or {}).items():
+        tensors[f"generator.{name}"] = generator.get_state()
+    version, internal, gauss = random.getstate()
+    metadata = {"format": RNG_FORMAT, "random_state": json.dumps([version, list(internal), gauss])}
+    if imports.is_numpy_available():
+        import numpy as np
+
+        name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+        metadata["numpy_random_seed"] = json.dumps(
+            [name, np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached)]
+        )
+    return tensors, metadata
+
+
+def save_rng(path: str, extra_generators: Mapping[str, torch.Generator] | None = None) -> None:
+    from safetensors.torch import save_file
+
+    tensors, metadata = rng_states(extra_generators)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, path, metadata=metadata)
+
+
+def load_rng(path: str, extra_generators: Mapping[str, torch.Generator] | None = None) -> None:
+    """Restore every generator saved by :func:`save_rng` (those absent here are skipped)."""
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as handle:
+        metadata = handle.metadata() or {}
+        if metadata.get("format") != RNG_FORMAT:
+            raise ValueError(f"{path} is not an accel RNG state file (format {metadata.get('format')!r})")
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
+    version, internal, gauss = json.loads(metadata["random_state"])
+    random.setstate((version, tuple(internal), gauss))
+    if "numpy_random_seed" in metadata and imports.is_numpy_available():
+        import numpy as np
+
+        name, keys, pos, has_gauss, cached = json.loads(metadata["numpy_random_seed"])
+        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(tensors["torch_manual_seed"])
+    cuda_states = sorted(
+        (k for k in tensors if k.startswith("torch_cuda_manual_seed.")), key=lambda k: int(k.rsplit(".", 1)[1])
+    )
+    if cuda_states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([tensors[k] for k in cuda_states][: torch.cuda.device_count()])
+    for name, generator in (extra_generators or {}).items():
+        key = f"generator.{name}"
+        if key in tensors:
+            generator.set_state(tensors[key])
+
+
+# -- manifest -----------------------------------------------------------------------------------
+
+
+def write_manifest(folder: str, content: dict[str, Any]) -> None:
+    path = os.path.join(folder, MANIFEST_NAME)
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump({"format_version": FORMAT_VERSION, **content}, handle, indent=1, sort_keys=True)
+
+
+def read_manifest(folder: str) -> dict[str, Any] | None:
+    path = os.path.join(folder, MANIFEST_NAME)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as handle:
+        data = json.load(handle)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a valid accel checkpoint manifest")
+    return data

@@ -1,0 +1,242 @@
+"""``save_state`` / ``load_state``: the documented checkpoint layout, written atomically, read safely.
+
+A checkpoint is written into a hidden sibling folder ``.<name>.partial`` and renamed into place only
+once every process has finished its files, so a process killed during ``save_state`` leaves the
+previous checkpoint intact and nothing that ``load_state`` would pick. ``total_limit`` removes older
+checkpoints only after the new one is complete. Loading never unpickles objects (see
+:mod:`accel_train.checkpoint_io` for the formats) and checks that the folder holds what this
+Accelerator prepared, listing what is missing or extra.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from typing import Any
+
+import torch
+
+from accel_state.constants import (
+    CUSTOM_CHECKPOINT_PREFIX,
+    DATALOADER_NAME,
+    MODEL_NAME,
+    OPTIMIZER_NAME,
+    RNG_STATE_NAME,
+    SAFE_MODEL_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+)
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINTS_FOLDER = "checkpoints"
+_CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
+_OWNED_RE = re.compile(
+    r"^((model|pytorch_model)(_\d+)?\.(safetensors|bin)|(optimizer|scheduler|sampler|dl_state_dict)(_\d+)?\.bin"
+    r"|scaler\.pt|random_states_\d+\.(pkl|safetensors)|accumulated_grads_\d+\.safetensors|custom_checkpoint_\d+\.pkl"
+    r"|accel_checkpoint\.json)$"
+)
+
+
+class CheckpointMismatchError(ValueError):
+    """The checkpoint folder does not hold what this Accelerator prepared."""
+
+
+def indexed(stem: str, index: int, suffix: str) -> str:
+    """``stem.suffix`` for index 0, ``stem_{index}.suffix`` after it (the documented naming)."""
+    return f"{stem}.{suffix}" if index == 0 else f"{stem}_{index}.{suffix}"
+
+
+def model_file(index: int, safe_serialization: bool) -> str:
+    return indexed(SAFE_MODEL_NAME, index, "safetensors") if safe_serialization else indexed(MODEL_NAME, index, "bin")
+
+
+def optimizer_file(index: int) -> str:
+    return indexed(OPTIMIZER_NAME, index, "bin")
+
+
+def scheduler_file(index: int) -> str:
+    return indexed(SCHEDULER_NAME, index, "bin")
+
+
+def dataloader_file(index: int) -> str:
+    return indexed(DATALOADER_NAME, index, "bin")
+
+
+def rng_file(rank: int) -> str:
+    return f"{RNG_STATE_NAME}_{rank}.safetensors"
+
+
+def grads_file(rank: int) -> str:
+    """Gradients accumulated so far, when a checkpoint is taken between two optimizer steps."""
+    return f"accumulated_grads_{rank}.safetensors"
+
+
+def custom_file(index: int) -> str:
+    return f"{CUSTOM_CHECKPOINT_PREFIX}_{index}.pkl"
+
+
+def partial_dir(final_dir: str) -> str:
+    parent, name = os.path.split(os.path.abspath(final_dir))
+    return os.path.join(parent, f".{name}.partial")
+
+
+def _old_dir(final_dir: str) -> str:
+    parent, name = os.path.split(os.path.abspath(final_dir))
+    return os.path.join(parent, f".{name}.old")
+
+
+def list_checkpoints(base: str) -> list[tuple[int, str]]:
+    """Complete automatic checkpoints under ``base`` as ``(number, path)``, oldest first."""
+    if not os.path.isdir(base):
+        return []
+    found = []
+    for entry in os.listdir(base):
+        match = _CHECKPOINT_RE.match(entry)
+        if match and os.path.isdir(os.path.join(base, entry)):
+            found.append((int(match.group(1)), os.path.join(base, entry)))
+    return sorted(found)
+
+
+def begin(final_dir: str, is_writer: bool) -> str:
+    """Create the empty partial folder (writer only) and return its path."""
+    tmp = partial_dir(final_dir)
+    if is_writer:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp)
+        os.makedirs(tmp)
+    return tmp
+
+
+def publish(tmp: str, final_dir: str) -> None:
+    """Rename the complete partial folder into place, replacing an older one of the same name."""
+    final_dir = os.path.abspath(final_dir)
+    if not os.path.exists(final_dir):
+        os.rename(tmp, final_dir)
+        return
+    if not os.path.isdir(final_dir):
+        raise NotADirectoryError(f"cannot save a checkpoint to {final_dir}: it is a file")
+    for entry in os.listdir(final_dir):
+        # Files the user put in the folder (not part of a checkpoint) move into the new one.
+        if not _OWNED_RE.match(entry) and not os.path.exists(os.path.join(tmp, entry)):
+            os.rename(os.path.join(final_dir, entry), os.path.join(tmp, entry))
+    old = _old_dir(final_dir)
+    if os.path.exists(old):
+        shutil.rmtree(old)
+    os.rename(final_dir, old)
+    os.rename(tmp, final_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def resolve_input_dir(input_dir: str) -> str:
+    """The folder to load: ``input_dir``, or the previous copy left by a save killed mid-swap."""
+    if os.path.isdir(input_dir):
+        name = os.path.basename(os.path.normpath(input_dir))
+        if name.startswith(".") and name.endswith(".partial"):
+            raise CheckpointMismatchError(
+                f"{input_dir} is an incomplete checkpoint (a save was interrupted); load another one"
+            )
+        return input_dir
+    old = _old_dir(input_dir)
+    if os.path.isdir(old):
+        logger.warning("%s is missing but its previous version %s is complete: loading that", input_dir, old)
+        return old
+    raise FileNotFoundError(f"checkpoint folder {input_dir} does not exist")
+
+
+def prune(base: str, total_limit: int | None, keep: str) -> list[str]:
+    """Delete the oldest complete checkpoints so that at most ``total_limit`` remain; never ``keep``."""
+    if total_limit is None:
+        return []
+    checkpoints = [path for _, path in list_checkpoints(base)]
+    removed = []
+    while len(checkpoints) > total_limit:
+        oldest = checkpoints.pop(0)
+        if os.path.abspath(oldest) == os.path.abspath(keep):
+            continue
+        shutil.rmtree(oldest, ignore_errors=True)
+        removed.append(oldest)
+    return removed
+
+
+# -- what a folder holds compared with what is expected ---------------------------------------------
+
+
+def _indices(entries: list[str], pattern: str) -> dict[int, str]:
+    regex = re.compile(pattern)
+    out: dict[int, str] = {}
+    for entry in entries:
+        match = regex.match(entry)
+        if match:
+            out[int(match.group(1) or 0)] = entry
+    return out
+
+
+def check_contents(
+    folder: str,
+    num_models: int,
+    num_optimizers: int,
+    num_schedulers: int,
+    num_dataloaders: int,
+    num_custom: int,
+    has_scaler: bool,
+    process_index: int,
+    num_processes: int,
+    manifest: dict[str, Any] | None,
+) -> list[str]:
+    """Model files by index; raise :class:`CheckpointMismatchError` listing what is missing or extra."""
+    entries = os.listdir(folder)
+    safe = _indices(entries, r"^model(?:_(\d+))?\.safetensors$")
+    unsafe = _indices(entries, r"^pytorch_model(?:_(\d+))?\.bin$")
+    models = {**unsafe, **safe}
+    groups = {
+        "model": (models, num_models, lambda i: model_file(i, True)),
+        "optimizer": (_indices(entries, r"^optimizer(?:_(\d+))?\.bin$"), num_optimizers, optimizer_file),
+        "scheduler": (_indices(entries, r"^scheduler(?:_(\d+))?\.bin$"), num_schedulers, scheduler_file),
+        "custom object": (_indices(entries, r"^custom_checkpoint_(\d+)\.pkl$"), num_custom, custom_file),
+    }
+    if manifest is not None:
+        groups["data loader"] = (
+            _indices(entries, r"^dl_state_dict(?:_(\d+))?\.bin$"),
+            num_dataloaders,
+            dataloader_file,
+        )
+    missing: list[str] = []
+    extra: list[str] = []
+    for label, (present, expected, namer) in groups.items():
+        for index in range(expected):
+            if index not in present:
+                missing.append(f"{namer(index)} ({label} {index}; {expected} prepared)")
+        for index, entry in sorted(present.items()):
+            if index >= expected:
+                extra.append(f"{entry} (the checkpoint holds {len(present)} {label}(s), {expected} prepared here)")
+    if has_scaler and SCALER_NAME not in entries:
+        missing.append(f"{SCALER_NAME} (fp16 gradient scaler)")
+    saved_processes = manifest.get("num_processes") if manifest else None
+    own_rng = rng_file(process_index)
+    rng_present = own_rng in entries or f"{RNG_STATE_NAME}_{process_index}.pkl" in entries
+    if not rng_present and saved_processes in (None, num_processes):
+        missing.append(f"{own_rng} (random states of process {process_index})")
+    if missing or extra:
+        lines = [f"checkpoint {folder} does not match what this Accelerator prepared:"]
+        if missing:
+            lines.append("  missing: " + "; ".join(missing))
+        if extra:
+            lines.append("  extra: " + "; ".join(extra))
+        lines.append("  Prepare the same models, optimizers, schedulers and registered objects as when it was saved.")
+        raise CheckpointMismatchError("\n".join(lines))
+    return [models[i] for i in range(num_models)]
+
+
+def to_device(obj: Any, device: Any) -> Any:
+    from accel_state.nested import send_to_device
+
+    return send_to_device(obj, device) if device is not None else obj
+
+
+def torch_device(value: Any, default: torch.device) -> Any:
+    if value in (None, "on_device"):
+        return default
+    return value

@@ -1,0 +1,1 @@
+"""Sub-commands of ``accel`` owned by accel-train: ``test`` and ``merge-weights``."""

@@ -1,0 +1,62 @@
+"""``accel merge-weights``: merge a sharded FSDP checkpoint into one safetensors (or .bin) file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "merge-weights",
+        help="Merge the shards of an FSDP checkpoint into a single weights file.",
+        description="Merge a torch.distributed.checkpoint folder written by FSDP into one model file.",
+    )
+    _add_arguments(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint_directory", help="Folder of the sharded checkpoint (holds a .metadata file).")
+    parser.add_argument("output_path", help="Folder to write model.safetensors (or pytorch_model.bin) into.")
+    parser.add_argument(
+        "--unsafe_serialization",
+        "--unsafe-serialization",
+        action="store_true",
+        help="Write pytorch_model.bin with torch.save instead of safetensors.",
+    )
+    parser.add_argument(
+        "--remove_checkpoint_dir",
+        "--remove-checkpoint-dir",
+        action="store_true",
+        help="Delete the sharded checkpoint once merged.",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from accel_train.merge import merge_fsdp_weights
+
+    try:
+        target = merge_fsdp_weights(
+            args.checkpoint_directory,
+            args.output_path,
+            safe_serialization=not args.unsafe_serialization,
+            remove_checkpoint_dir=args.remove_checkpoint_dir,
+        )
+    except (FileNotFoundError, ValueError) as error:
+        print(f"accel merge-weights: {error}", file=sys.stderr)
+        return 2
+    print(f"Merged weights written to {target}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser("accel merge-weights")
+    _add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,77 @@
+"""``accel test``: run the self-test under a launch configuration and say plainly what passed."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "test",
+        help="Check that accel works with your configuration (runs a short self-test through `accel launch`).",
+        description="Run accel's self-test through `accel launch` with the given (or default) config file.",
+    )
+    _add_arguments(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config_file",
+        "--config-file",
+        default=None,
+        help="Config file to test (default: the default config location of `accel config`).",
+    )
+
+
+def script_path() -> str:
+    """Path of the self-test script."""
+    from importlib.util import find_spec
+
+    spec = find_spec("accel_train.test_utils.test_script")
+    assert spec is not None and spec.origin is not None
+    return spec.origin
+
+
+def run(args: argparse.Namespace) -> int:
+    from importlib.util import find_spec
+
+    if args.config_file is not None and not os.path.isfile(args.config_file):
+        print(f"accel test: config file {args.config_file} does not exist", file=sys.stderr)
+        return 2
+    if find_spec("accel_launch") is not None:
+        command = [sys.executable, "-m", "accel_launch.cli", "launch"]
+        if args.config_file is not None:
+            command += ["--config_file", args.config_file]
+    elif args.config_file is not None:
+        print("accel test: --config_file needs the launcher: pip install accel-launch", file=sys.stderr)
+        return 2
+    else:
+        print("accel test: accel-launch is not installed; running the self-test in this single process")
+        command = [sys.executable]
+    command.append(script_path())
+    print("Running: " + " ".join(command), flush=True)
+    result = subprocess.run(command, check=False)
+    if result.returncode == 0:
+        print("Test is a success! You are ready for your distributed training!")
+    else:
+        print(
+            f"accel test: the self-test failed (exit status {result.returncode}); see the FAIL lines above.",
+            file=sys.stderr,
+        )
+    return result.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser("accel test")
+    _add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,134 @@
+"""``AcceleratedOptimizer``: an optimizer that steps only when gradients are synced.
+
+It skips the step (and ``zero_grad``) on gradient-accumulation steps, drives the fp16 gradient
+scaler, and records whether the scaler skipped the update because gradients overflowed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from accel_state.nested import send_to_device
+from accel_state.state import GradientState
+
+__all__ = ["AcceleratedOptimizer"]
+
+_MISSING = object()
+
+
+class AcceleratedOptimizer(torch.optim.Optimizer):
+    """Wraps ``optimizer``; behaves like it, stepping only on sync steps.
+
+    Args:
+        optimizer: the optimizer to wrap.
+        device_placement: move the optimizer's state to the device of the run.
+        scaler: the ``torch.amp.GradScaler`` of fp16 training, if any.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, device_placement: bool = True, scaler: Any = None) -> None:
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self.gradient_state = GradientState()
+        self.device_placement = device_placement
+        self._is_overflow = False
+        self._step_called = False
+        if device_placement and optimizer.state:
+            from accel_state.state import AcceleratorState
+
+            device = AcceleratorState().device
+            state_dict = optimizer.state_dict()
+            optimizer.load_state_dict(send_to_device(state_dict, device))
+
+    # The optimizer's own attributes, seen through the wrapper.
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, state: Any) -> None:
+        self.optimizer.state = state
+
+    @property
+    def param_groups(self) -> Any:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, param_groups: Any) -> None:
+        self.optimizer.param_groups = param_groups
+
+    @property
+    def defaults(self) -> Any:  # type: ignore[override]
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, defaults: Any) -> None:
+        self.optimizer.defaults = defaults
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear gradients, except on accumulation steps (where they must be kept)."""
+        if self.gradient_state.sync_gradients:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def train(self) -> None:
+        """Switch schedule-free optimizers to training mode (no-op for others)."""
+        if hasattr(self.optimizer, "train"):
+            self.optimizer.train()
+
+    def eval(self) -> None:
+        """Switch schedule-free optimizers to evaluation mode (no-op for others)."""
+        if hasattr(self.optimizer, "eval"):
+            self.optimizer.eval()
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        """Update the parameters on sync steps; with a scaler, skip the update on overflow."""
+        if not self.gradient_state.sync_gradients:
+            return None
+        if self.scaler is None:
+            return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        self._step_called = False
+        inner_step = self.optimizer.step
+
+        def flagged_step(*args: Any, **kwargs: Any) -> Any:
+            self._step_called = True
+            return inner_step(*args, **kwargs)
+
+        previous = self.optimizer.__dict__.get("step", _MISSING)
+        self.optimizer.step = flagged_step  # type: ignore[method-assign]
+        try:
+            result = (
+                self.scaler.step(self.optimizer, closure) if closure is not None else self.scaler.step(self.optimizer)
+            )
+            self.scaler.update()
+        finally:
+            if previous is _MISSING:
+                del self.optimizer.step
+            else:
+                self.optimizer.step = previous  # type: ignore[method-assign]
+        self._is_overflow = not self._step_called
+        return result
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """True when the last ``step`` was skipped because of inf/NaN gradients (fp16)."""
+        return self._is_overflow
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {key: value for key, value in self.__dict__.items() if key != "gradient_state"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.gradient_state = GradientState()
+
+    def __repr__(self) -> str:
+        return f"AcceleratedOptimizer({self.optimizer!r})"

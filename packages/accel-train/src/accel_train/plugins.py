@@ -1,0 +1,132 @@
+"""Plugins and configurations of the Accelerator: gradient accumulation, torch.compile, the project.
+
+Each is a dataclass validated in ``__post_init__``; a wrong value names the field and what is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from accel_state import env_vars
+from accel_state.enums import DynamoBackend
+from accel_state.kwargs import KwargsHandler
+
+__all__ = ["GradientAccumulationPlugin", "ProjectConfiguration", "TorchDynamoPlugin"]
+
+
+@dataclass
+class GradientAccumulationPlugin(KwargsHandler):
+    """How gradients accumulate.
+
+    Args:
+        num_steps: batches per optimizer step (``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` when None).
+        adjust_scheduler: advance the scheduler's step count on accumulation steps too.
+        sync_with_dataloader: sync (and step) on the last batch of the loader even mid-accumulation.
+        sync_each_batch: sync gradients every batch (less memory under DDP/FSDP, more traffic).
+    """
+
+    num_steps: int | None = None
+    adjust_scheduler: bool = True
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_steps is None:
+            self.num_steps = int(env_vars.read("ACCELERATE_GRADIENT_ACCUMULATION_STEPS"))
+        if isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int) or self.num_steps < 1:
+            raise ValueError(f"GradientAccumulationPlugin.num_steps must be an int >= 1, got {self.num_steps!r}")
+        for name in ("adjust_scheduler", "sync_with_dataloader", "sync_each_batch"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"GradientAccumulationPlugin.{name} must be a bool, got {getattr(self, name)!r}")
+
+
+_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@dataclass
+class TorchDynamoPlugin(KwargsHandler):
+    """``torch.compile`` settings; fields left None come from the ``ACCELERATE_DYNAMO_*`` variables."""
+
+    backend: Any = None
+    mode: str | None = None
+    fullgraph: bool | None = None
+    dynamic: bool | None = None
+    options: Any = None
+    disable: bool = False
+    use_regional_compilation: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend is None:
+            self.backend = env_vars.read("ACCELERATE_DYNAMO_BACKEND")
+        self.backend = DynamoBackend.parse(self.backend)
+        if self.mode is None:
+            self.mode = env_vars.read("ACCELERATE_DYNAMO_MODE")
+        if self.mode not in _MODES:
+            raise ValueError(f"TorchDynamoPlugin.mode={self.mode!r} is not valid; choose one of {list(_MODES)}")
+        if self.fullgraph is None:
+            self.fullgraph = env_vars.read("ACCELERATE_DYNAMO_USE_FULLGRAPH")
+        if self.dynamic is None and os.environ.get("ACCELERATE_DYNAMO_USE_DYNAMIC"):
+            self.dynamic = env_vars.read("ACCELERATE_DYNAMO_USE_DYNAMIC")
+        if self.use_regional_compilation is None:
+            self.use_regional_compilation = env_vars.read("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION")
+        if self.options is not None and self.mode != "default":
+            raise ValueError(
+                "TorchDynamoPlugin: give either `mode` or `options`, not both (torch.compile refuses both)"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.backend != DynamoBackend.NO and not self.disable
+
+    def to_compile_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``torch.compile``."""
+        kwargs: dict[str, Any] = {"backend": str(self.backend.value).lower(), "fullgraph": bool(self.fullgraph)}
+        if self.options is not None:
+            kwargs["options"] = self.options
+        else:
+            kwargs["mode"] = self.mode
+        if self.dynamic is not None:
+            kwargs["dynamic"] = self.dynamic
+        return kwargs
+
+
+@dataclass
+class ProjectConfiguration:
+    """Where a project keeps its logs and checkpoints, and how checkpoints are named and kept.
+
+    Args:
+        project_dir: base folder of the project (checkpoints go to ``project_dir/checkpoints``).
+        logging_dir: folder of local tracker logs (defaults to ``project_dir``).
+        automatic_checkpoint_naming: save to ``checkpoints/checkpoint_{iteration}``.
+        total_limit: keep at most this many automatic checkpoints (oldest complete ones removed).
+        iteration: number of the next automatic checkpoint.
+        save_on_each_node: every machine writes its own copy (no shared filesystem).
+    """
+
+    project_dir: str | None = None
+    logging_dir: str | None = None
+    automatic_checkpoint_naming: bool = False
+    total_limit: int | None = None
+    iteration: int = 0
+    save_on_each_node: bool = False
+
+    def __post_init__(self) -> None:
+        if self.project_dir is not None:
+            self.project_dir = os.fspath(self.project_dir)
+        if self.logging_dir is None:
+            self.logging_dir = self.project_dir
+        else:
+            self.logging_dir = os.fspath(self.logging_dir)
+        if self.total_limit is not None and (not isinstance(self.total_limit, int) or self.total_limit < 1):
+            raise ValueError(f"ProjectConfiguration.total_limit must be an int >= 1 or None, got {self.total_limit!r}")
+        if not isinstance(self.iteration, int) or self.iteration < 0:
+            raise ValueError(f"ProjectConfiguration.iteration must be an int >= 0, got {self.iteration!r}")
+
+    def set_directories(self, project_dir: str | os.PathLike | None = None) -> None:
+        """Set ``project_dir`` (and ``logging_dir`` when it followed it)."""
+        follow = self.logging_dir is None or self.logging_dir == self.project_dir
+        self.project_dir = None if project_dir is None else os.fspath(project_dir)
+        if follow:
+            self.logging_dir = self.project_dir

@@ -1,0 +1,75 @@
+"""``AcceleratedScheduler``: a learning-rate scheduler that follows the optimizer's real steps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accel_state.state import AcceleratorState, GradientState
+
+__all__ = ["AcceleratedScheduler"]
+
+
+class AcceleratedScheduler:
+    """Wraps ``scheduler`` so that it steps only when its optimizers really stepped.
+
+    With ``step_with_optimizer`` (the default) the scheduler is stepped ``num_processes`` times per
+    optimizer step when batches are not split, since each process saw its own batch; on accumulation
+    steps it does not step (with ``adjust_scheduler``, only its step count advances); when an fp16
+    step was skipped on overflow it does not step either.
+    """
+
+    def __init__(
+        self,
+        scheduler: Any,
+        optimizers: Any,
+        step_with_optimizer: bool = True,
+        split_batches: bool = False,
+    ) -> None:
+        self.scheduler = scheduler
+        self.optimizers = optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
+        self.split_batches = split_batches
+        self.step_with_optimizer = step_with_optimizer
+        self.gradient_state = GradientState()
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        if not self.step_with_optimizer:
+            self.scheduler.step(*args, **kwargs)
+            return
+        if not self.gradient_state.sync_gradients:
+            if self.gradient_state.adjust_scheduler:
+                self.scheduler._step_count += 1
+            return
+        for optimizer in self.optimizers:
+            if getattr(optimizer, "step_was_skipped", False):
+                return
+        if self.split_batches:
+            self.scheduler.step(*args, **kwargs)
+            return
+        total = getattr(self.scheduler, "total_steps", None)
+        for _ in range(AcceleratorState().num_processes):
+            if total is not None and self.scheduler._step_count > total:
+                break
+            self.scheduler.step(*args, **kwargs)
+
+    def get_last_lr(self) -> Any:
+        return self.scheduler.get_last_lr()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state_dict)
+
+    def get_lr(self) -> Any:
+        return self.scheduler.get_lr()
+
+    def print_lr(self, *args: Any, **kwargs: Any) -> Any:
+        return self.scheduler.print_lr(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("scheduler", "__setstate__", "__getstate__"):
+            raise AttributeError(name)
+        return getattr(self.scheduler, name)
+
+    def __repr__(self) -> str:
+        return f"AcceleratedScheduler({self.scheduler!r})"

@@ -1,0 +1,1 @@
+"""The self-test run by ``accel test`` (``test_script.py``)."""

@@ -1,0 +1,27 @@
+"""Fixtures of accel-train's tests: a pool of two real gloo processes, and fresh shared state."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from accel_state.testing import DistributedPool
+
+
+@pytest.fixture(scope="session")
+def dist_pool() -> Iterator[DistributedPool]:
+    with DistributedPool(world_size=2, timeout=180) as pool:
+        yield pool
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state() -> Iterator[None]:
+    """Each test starts and ends with no shared state in this process."""
+    from accel_state.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()

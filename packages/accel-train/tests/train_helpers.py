@@ -1,0 +1,54 @@
+"""Shared pieces of accel-train's tests (importable by the rank functions of DistributedPool)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+
+def data_ready() -> bool:
+    """True once accel-data provides what the Accelerator needs to prepare data loaders."""
+    try:
+        module = importlib.import_module("accel_data")
+        return hasattr(module, "prepare_data_loader") and hasattr(module, "DataLoaderConfiguration")
+    except Exception:
+        return False
+
+
+needs_data = pytest.mark.skipif(
+    not data_ready(),
+    reason="accel-data does not export prepare_data_loader / DataLoaderConfiguration yet (issue of accel-data)",
+)
+
+
+def reset_state() -> None:
+    from accel_state.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+class TinyNet(torch.nn.Module):
+    """Two layers with dropout, so RNG state matters to resumption."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(4, width)
+        self.drop = torch.nn.Dropout(0.2)
+        self.fc2 = torch.nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.drop(torch.relu(self.fc1(x))))
+
+
+def regression_dataset(n: int = 48, seed: int = 0) -> torch.utils.data.TensorDataset:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=generator)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.3
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def flat_params(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten().cpu() for p in model.parameters()])
