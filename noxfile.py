@@ -186,10 +186,10 @@ def summary(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """User guide plus API reference generated from docstrings, into docs/_build."""
     _install_local(session, *ORDER)
-    session.install("pdoc")
+    session.install("pdoc", "markdown2")
     out = ROOT / "docs" / "_build"
     session.run("pdoc", "-o", str(out / "api"), *[d.replace("-", "_") for d in ORDER])
-    session.run(sys.executable, str(ROOT / "tools" / "build_guide.py"), str(ROOT / "docs"), str(out))
+    session.run("python", str(ROOT / "tools" / "build_guide.py"), str(ROOT / "docs"), str(out))
 
 
 @nox.session

@@ -2,7 +2,7 @@
 
     python tools/build_guide.py docs docs/_build
 
-Uses the Markdown renderer bundled with pdoc (the docs session installs pdoc), so it needs nothing else.
+Uses markdown2, the Markdown renderer pdoc itself depends on (the docs session installs both).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>{title}</title
 
 
 def render(markdown_text: str) -> str:
-    from pdoc import markdown2  # type: ignore[attr-defined]
+    import markdown2  # installed with pdoc by the docs session
 
     return str(markdown2.markdown(markdown_text, extras=["fenced-code-blocks", "tables", "header-ids"]))
 

@@ -289,6 +289,14 @@ class PartialState:
 
 
 def _destroy_at_exit() -> None:
+    """Free process groups while the interpreter is still whole.
+
+    Objects that hold a gloo group (a DDP model inside a reference cycle, say) would otherwise be
+    destroyed during interpreter finalisation, where gloo's worker threads can abort the process.
+    """
+    import gc
+
+    gc.collect()
     with contextlib.suppress(Exception):
         PartialState().destroy_process_group()
 
