@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from accel_state.testing import DistributedPool
+from accel_state.testing import DistributedPool, reset_shared_state
 
 
 @pytest.fixture(scope="session")
@@ -18,14 +18,11 @@ def dist_pool() -> Iterator[DistributedPool]:
 @pytest.fixture(autouse=True)
 def _fresh_state() -> Iterator[None]:
     """Each test starts and ends with no shared state in this process, and the built-in registry only."""
-    from accel_state.state import AcceleratorState, GradientState
     from accel_tracking.registry import LOGGER_TYPE_TO_CLASS
 
     registry = dict(LOGGER_TYPE_TO_CLASS)
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_shared_state()
     yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_shared_state()
     LOGGER_TYPE_TO_CLASS.clear()
     LOGGER_TYPE_TO_CLASS.update(registry)

@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from train_helpers import TinyNet, flat_params, needs_data, regression_dataset
+from train_helpers import TinyNet, flat_params, regression_dataset
 
 from accel_train import (
     AcceleratedOptimizer,
@@ -369,7 +369,6 @@ def test_lomo_backward_needs_lomo() -> None:
         accelerator.lomo_backward(torch.tensor(1.0), 0.1)
 
 
-@needs_data
 def test_training_loop_with_data_loader_matches_plain_pytorch() -> None:
     dataset = regression_dataset()
     torch.manual_seed(3)
@@ -399,7 +398,6 @@ def test_training_loop_with_data_loader_matches_plain_pytorch() -> None:
     assert torch.allclose(flat_params(model), flat_params(reference), atol=1e-6)
 
 
-@needs_data
 def test_skip_first_batches() -> None:
     accelerator = Accelerator(cpu=True)
     loader = accelerator.prepare(torch.utils.data.DataLoader(list(range(10)), batch_size=2))

@@ -10,8 +10,9 @@ import textwrap
 
 import pytest
 import torch
-from train_helpers import TinyNet, flat_params, needs_data, regression_dataset, reset_state
+from train_helpers import TinyNet, flat_params, regression_dataset
 
+from accel_state.testing import reset_shared_state
 from accel_train import Accelerator, CheckpointMismatchError, ProjectConfiguration, UnsafeCheckpointError
 
 
@@ -125,7 +126,7 @@ def test_automatic_naming_total_limit_and_resume_numbering(tmp_path) -> None:
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint_1", "checkpoint_2"]
     assert accelerator.save_iteration == 3
 
-    reset_state()
+    reset_shared_state()
     fresh = Accelerator(
         cpu=True,
         project_config=ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2),
@@ -176,13 +177,13 @@ def test_missing_and_extra_files_are_listed(tmp_path) -> None:
     with pytest.raises(CheckpointMismatchError, match=r"missing: optimizer\.bin \(optimizer 0; 1 prepared\)"):
         accelerator.load_state(tmp_path / "ckpt")
 
-    reset_state()
+    reset_shared_state()
     two = Accelerator(cpu=True)
     _prepared(two)
     extra_model = two.prepare(torch.nn.Linear(2, 2))
     assert extra_model is not None
     two.save_state(tmp_path / "two")
-    reset_state()
+    reset_shared_state()
     one = Accelerator(cpu=True)
     _prepared(one)
     with pytest.raises(CheckpointMismatchError, match=r"extra: model_1\.safetensors \(the checkpoint holds 2 model"):
@@ -295,7 +296,7 @@ def test_process_killed_during_save_leaves_previous_checkpoint(tmp_path) -> None
 
 def _resume_run(tmp_path, total_steps: int, save_at: int | None, load: bool, dropout: bool = True) -> torch.Tensor:
     """Train TinyNet on a shuffled loader for ``total_steps`` batches over several epochs."""
-    reset_state()
+    reset_shared_state()
     from accel_state.random import set_seed
 
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
@@ -349,7 +350,6 @@ def resumed_loader_keeps_global_rng() -> bool:
     return torch.equal(before, torch.get_rng_state())
 
 
-@needs_data
 @pytest.mark.parametrize("save_at", [7, 10, 12])  # epoch boundary; mid-epoch at a sync step; mid-accumulation
 def test_resume_is_exact_single_process(tmp_path, save_at: int) -> None:
     uninterrupted = _resume_run(tmp_path, 17, None, load=False, dropout=False)
@@ -358,7 +358,6 @@ def test_resume_is_exact_single_process(tmp_path, save_at: int) -> None:
     assert torch.equal(resumed, uninterrupted)
 
 
-@needs_data
 @pytest.mark.parametrize("save_at", [7, 10])
 def test_resume_is_exact_with_dropout(tmp_path, save_at: int) -> None:
     Accelerator(cpu=True)

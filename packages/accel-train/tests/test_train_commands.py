@@ -7,7 +7,6 @@ import os
 
 import pytest
 import torch
-from train_helpers import needs_data
 
 from accel_train.commands import merge as merge_command
 from accel_train.commands import test as test_command
@@ -43,21 +42,18 @@ def test_accel_test_missing_config_file(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def _self_test(end_training: bool = True) -> int:
-    from train_helpers import reset_state
-
+    from accel_state.testing import reset_shared_state
     from accel_train.test_utils import test_script
 
-    reset_state()
+    reset_shared_state()
     test_script.RESULTS.clear()
     return test_script.main(end_training=end_training)
 
 
-@needs_data
 def test_self_test_passes_on_two_processes(dist_pool) -> None:
     assert dist_pool.run(_self_test, False) == [0, 0]
 
 
-@needs_data
 def test_self_test_passes_in_one_process(capsys: pytest.CaptureFixture[str]) -> None:
     assert _self_test() == 0
     out = capsys.readouterr().out

@@ -6,13 +6,13 @@ import os
 
 import pytest
 import torch
-from train_helpers import TinyNet, flat_params, needs_data, regression_dataset, reset_state
+from train_helpers import TinyNet, flat_params, regression_dataset
 
-from accel_state.testing import DistributedPool
+from accel_state.testing import DistributedPool, reset_shared_state
 
 
 def _fresh(**kwargs):
-    reset_state()
+    reset_shared_state()
     from accel_train import Accelerator
 
     return Accelerator(**kwargs)
@@ -248,7 +248,6 @@ def _baseline(accumulation: int, global_batch: int) -> torch.Tensor:
     return flat_params(model)
 
 
-@needs_data
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_ddp_training_equals_single_process_on_global_batch(dist_pool: DistributedPool, accumulation: int) -> None:
     results = dist_pool.run(rank_ddp_training, accumulation, 4)
@@ -283,7 +282,6 @@ def test_collectives(dist_pool: DistributedPool) -> None:
     assert results[0]["called"] == ["main"] and results[1]["called"] == ["local1"]
 
 
-@needs_data
 @pytest.mark.parametrize(("length", "batch"), [(9, 2), (8, 2), (13, 4)])
 def test_gather_for_metrics_drops_duplicated_tail(dist_pool: DistributedPool, length: int, batch: int) -> None:
     results = dist_pool.run(rank_gather_for_metrics, length, batch)
@@ -349,12 +347,10 @@ def test_no_sync_and_trigger_sync_in_backward(dist_pool: DistributedPool) -> Non
     assert torch.allclose(results[0]["synced"], results[1]["synced"])
 
 
-@needs_data
 def test_join_uneven_inputs(dist_pool: DistributedPool) -> None:
     assert dist_pool.run(rank_join_uneven) == [2, 2]
 
 
-@needs_data
 @pytest.mark.parametrize("save_at", [4, 5])  # mid-epoch at a sync step, and mid-accumulation
 def test_resume_is_exact_on_two_processes(dist_pool: DistributedPool, tmp_path, save_at: int) -> None:
     folder = str(tmp_path / "ckpt")

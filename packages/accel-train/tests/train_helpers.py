@@ -2,32 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
-
-import pytest
 import torch
-
-
-def data_ready() -> bool:
-    """True once accel-data provides what the Accelerator needs to prepare data loaders."""
-    try:
-        module = importlib.import_module("accel_data")
-        return hasattr(module, "prepare_data_loader") and hasattr(module, "DataLoaderConfiguration")
-    except Exception:
-        return False
-
-
-needs_data = pytest.mark.skipif(
-    not data_ready(),
-    reason="accel-data does not export prepare_data_loader / DataLoaderConfiguration yet (issue of accel-data)",
-)
-
-
-def reset_state() -> None:
-    from accel_state.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
 
 
 class TinyNet(torch.nn.Module):

@@ -24,6 +24,14 @@ class DistributedTestFailure(AssertionError):
     """One or more ranks raised (or did not answer); the message holds each rank's traceback."""
 
 
+def reset_shared_state() -> None:
+    """Forget the shared states of this process (``AcceleratorState``, ``PartialState``, ``GradientState``)."""
+    from accel_state.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
 def free_port() -> int:
     """A TCP port on the loopback interface that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
