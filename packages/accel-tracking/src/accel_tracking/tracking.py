@@ -25,9 +25,6 @@ from accel_tracking.trackers.tensorboard import TensorBoardTracker
 from accel_tracking.trackers.trackio import TrackioTracker
 from accel_tracking.trackers.wandb import WandBTracker
 
-log_to_trackers = log_to_all  # the name accel-train looks for
-finish_trackers = finish_all
-
 __all__ = [
     "LOGGER_TYPE_TO_CLASS",
     "AimTracker",
@@ -45,10 +42,8 @@ __all__ = [
     "WandBTracker",
     "filter_trackers",
     "finish_all",
-    "finish_trackers",
     "get_available_trackers",
     "log_to_all",
-    "log_to_trackers",
     "on_main_process",
     "read_jsonl",
     "register_tracker_class",

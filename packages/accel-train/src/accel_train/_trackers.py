@@ -71,7 +71,7 @@ class TrackersMixin:
         if not self.trackers:
             return
         # Each tracker logs even when another fails; the error names the failing tracker(s).
-        _tracking().log_to_trackers(self.trackers, values, step=step, log_kwargs=log_kwargs or {})
+        _tracking().log_to_all(self.trackers, values, step=step, log_kwargs=log_kwargs or {})
 
     def end_training(self) -> None:
         """Finish every tracker, then end the process group this run started; call it at the end."""
