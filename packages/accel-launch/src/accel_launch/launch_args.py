@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from accel_launch.options import OPTIONS, Option
+from accel_state.enums import DynamoBackend
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported at run time: `accel --help` stays fast
@@ -17,24 +18,8 @@ if TYPE_CHECKING:  # typing is not imported at run time: `accel --help` stays fa
 
 DESCRIPTION = "Launch a script on one or several processes and machines, with the settings of the config file."
 
-_DYNAMO_CHOICES = (
-    "no",
-    "eager",
-    "aot_eager",
-    "inductor",
-    "aot_ts_nvfuser",
-    "nvprims_nvfuser",
-    "cudagraphs",
-    "ofi",
-    "fx2trt",
-    "onnxrt",
-    "tensorrt",
-    "aot_torchxla_trace_once",
-    "torchxla_trace_once",
-    "ipex",
-    "tvm",
-    "hpu_backend",
-)
+#: torch.compile backends, lower-case as the config file and flags spell them ("no" disables it).
+_DYNAMO_CHOICES = tuple(backend.lower() for backend in DynamoBackend.list())
 
 
 def help_formatter(prog: str) -> argparse.HelpFormatter:

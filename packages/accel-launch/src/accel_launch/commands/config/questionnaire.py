@@ -11,6 +11,7 @@ from typing import Any
 
 from accel_launch.commands.config.config_args import ClusterConfig, SageMakerConfig, config_from_dict
 from accel_launch.commands.config.prompts import ask_bool, ask_choice, ask_float, ask_int, ask_text
+from accel_state.enums import DynamoBackend
 
 MACHINE_TYPES = [
     "No distributed training",
@@ -34,23 +35,7 @@ _MACHINE_VALUES = [
     "MULTI_MUSA",
     "MULTI_HPU",
 ]
-_DYNAMO = [
-    "eager",
-    "aot_eager",
-    "inductor",
-    "aot_ts_nvfuser",
-    "nvprims_nvfuser",
-    "cudagraphs",
-    "ofi",
-    "fx2trt",
-    "onnxrt",
-    "tensorrt",
-    "aot_torchxla_trace_once",
-    "torchxla_trace_once",
-    "ipex",
-    "tvm",
-    "hpu_backend",
-]
+_DYNAMO = [backend.lower() for backend in DynamoBackend.list() if backend != DynamoBackend.NO]
 
 
 def get_user_input() -> ClusterConfig | SageMakerConfig:
