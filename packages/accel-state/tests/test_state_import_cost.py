@@ -41,3 +41,17 @@ def test_touching_the_state_module_starts_no_process_group_and_adds_nothing_to_t
         f" print(json.dumps({{'group': dist.is_initialized(), **{{m: m in set(sys.modules) - before for m in {OPTIONAL!r}}}}}))"
     )
     assert not any(result.values()), result
+
+
+def test_lazy_exports_load_on_first_use_cache_and_name_unknown_attributes() -> None:
+    import pytest
+
+    import accel_state
+
+    assert dir(accel_state) == sorted(accel_state.__all__)
+    with pytest.raises(AttributeError, match="module 'accel_state' has no attribute 'no_such_name'"):
+        _ = accel_state.no_such_name
+    from accel_state.environment import str_to_bool
+
+    assert accel_state.str_to_bool is str_to_bool
+    assert vars(accel_state)["str_to_bool"] is str_to_bool  # cached: later lookups skip __getattr__

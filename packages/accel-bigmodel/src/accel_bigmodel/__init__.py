@@ -5,10 +5,8 @@ Names are loaded on first use (module ``__getattr__``), so ``import accel_bigmod
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from accel_bigmodel.__about__ import __version__
+from accel_state.lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {}
 
@@ -101,14 +99,4 @@ _export("estimate", "create_empty_model", "estimate_memory", "EstimateRow")
 __all__ = ["__version__", *_EXPORTS]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accel_bigmodel' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"accel_bigmodel.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -5,10 +5,8 @@ Names are loaded on first use (module ``__getattr__``): ``import accel_data`` do
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from accel_data.__about__ import __version__
+from accel_state.lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "prepare_data_loader": "data_loader",
@@ -28,14 +26,4 @@ _EXPORTS: dict[str, str] = {
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accel_data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"accel_data.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -6,10 +6,8 @@ imports torch only when a name that needs it is touched.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from accel_state.__about__ import __version__
+from accel_state.lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {}
 
@@ -181,14 +179,4 @@ _export("cluster", "ProcessEnvironment")
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accel_state' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"accel_state.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

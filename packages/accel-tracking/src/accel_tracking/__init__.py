@@ -7,9 +7,7 @@ and not torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from accel_state.lazy import lazy_exports
 from accel_tracking.__about__ import __version__
 
 _NAMES = [
@@ -39,15 +37,7 @@ _NAMES = [
 ]
 
 __all__ = ["__version__", *_NAMES]
+_EXPORTS = dict.fromkeys(_NAMES, "tracking")
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _NAMES:
-        raise AttributeError(f"module 'accel_tracking' has no attribute {name!r}")
-    value = getattr(importlib.import_module("accel_tracking.tracking"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

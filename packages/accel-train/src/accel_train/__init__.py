@@ -5,9 +5,7 @@ Names load on first use (module ``__getattr__``): ``import accel_train`` does no
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from accel_state.lazy import lazy_exports
 from accel_train.__about__ import __version__
 
 _EXPORTS: dict[str, str] = {}
@@ -51,14 +49,4 @@ _export("merge", "merge_fsdp_weights")
 __all__ = ["__version__", *_EXPORTS]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accel_train' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"accel_train.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
