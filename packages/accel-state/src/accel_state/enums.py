@@ -107,9 +107,3 @@ class DynamoBackend(_StrEnum):
     IPEX = "IPEX"
     TVM = "TVM"
     HPU_BACKEND = "HPU_BACKEND"
-
-
-class GradientAccumulationBehaviour(_StrEnum):
-    """Placeholder kept for name compatibility; not used by the documented API."""
-
-    SYNC = "sync"
