@@ -9,7 +9,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import accel_command, run_command
 
 # Each rank writes what its plugins hold (built exactly as a script would build them).
