@@ -273,3 +273,38 @@ def rank_bad_sizes() -> str:
 def test_sizes_that_do_not_fit_the_world_are_an_error(dist_pool: DistributedPool) -> None:
     for message in dist_pool.run(rank_bad_sizes):
         assert "multiply to 4" in message and "the run has 2 processes" in message
+
+
+def rank_cp_on_cpu() -> str:
+    try:
+        _accelerator(cp_size=2)
+    except NotImplementedError as error:
+        return str(error)
+    return "no error"
+
+
+def test_context_parallel_on_cpu_says_it_needs_cuda(dist_pool: DistributedPool) -> None:
+    for message in dist_pool.run(rank_cp_on_cpu):
+        assert "cp_size=2" in message and "CUDA only" in message and "set cp_size=1" in message
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="context parallelism runs on CUDA only; needs 2 GPUs")
+def test_context_parallel_attention_equals_full_attention_on_gpus() -> None:  # pragma: no cover - GPU only
+    from accel_state.testing import run_distributed
+
+    results = run_distributed(rank_cp_attention, world_size=2, env={"ACCELERATE_USE_CPU": "false"})
+    assert all(diff < 1e-3 for diff in results)
+
+
+def rank_cp_attention() -> float:  # pragma: no cover - GPU only
+    accelerator = _accelerator(cp_size=2)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 16, 8, device=accelerator.device) for _ in range(3))
+    full = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    rank = accelerator.context_parallel_rank
+    with accelerator.maybe_context_parallel(buffers=[q, k, v], buffer_seq_dims=[2, 2, 2], no_restore_buffers={q, k, v}):
+        local = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    # torch's load-balanced layout: each rank holds chunks i and 2n-1-i of the sequence
+    chunks = full.chunk(4, dim=2)
+    expected = torch.cat([chunks[rank], chunks[3 - rank]], dim=2)
+    return (local - expected).abs().max().item()

@@ -53,7 +53,14 @@ class NDParallelStrategy(Strategy):
 
     @classmethod
     def validate(cls, state: Any, precision_cls: Any, mode: str) -> None:
-        state.parallelism_config.validate_world_size(state.num_processes)
+        config = state.parallelism_config
+        config.validate_world_size(state.num_processes)
+        if config.cp_enabled and state.device.type == "cpu":
+            raise NotImplementedError(
+                f"context parallelism (cp_size={config.cp_size}) shards attention with torch's ring attention, "
+                "which torch runs on CUDA only (it has no CPU sharding rule for scaled_dot_product_attention); "
+                "on CPU set cp_size=1"
+            )
         if getattr(state, "deepspeed_plugins", None):
             raise ValueError(
                 "ParallelismConfig with tensor / context / sharded data parallelism runs on torch's mesh (FSDP2 "
