@@ -102,7 +102,10 @@ class PartialState:
             for key, value in proc.torch_variables().items():
                 os.environ.setdefault(key, value)
             if device_type != "cpu" and devices.device_count(device_type) > 0:
-                getattr(torch, device_type).set_device(proc.local_rank % devices.device_count(device_type))
+                index = devices.pick_device_index(
+                    device_type, proc.local_rank, devices.device_count(device_type), devices.forced_device_index(cpu)
+                )
+                getattr(torch, device_type).set_device(index)
             init_kwargs: dict[str, Any] = {"backend": self.backend}
             if timeout is not None:
                 init_kwargs["timeout"] = timeout
@@ -126,18 +129,15 @@ class PartialState:
             self.distributed_type = devices.MULTI_TYPE_BY_DEVICE.get(device_type, DistributedType.MULTI_CPU)
         else:
             self.distributed_type = DistributedType.NO
-        self.device = self._pick_device(device_type)
+        self.device = self._pick_device(device_type, devices.forced_device_index(cpu))
         self._initialized = True
         if self._owns_process_group:
             atexit.register(_destroy_at_exit)
 
-    def _pick_device(self, device_type: str) -> Any:
-        torch = _torch()
-        if device_type in ("cpu", "mps"):
-            return torch.device(device_type)
+    def _pick_device(self, device_type: str, forced_index: int | None = None) -> Any:
         count = devices.device_count(device_type)
-        index = self.local_process_index % count if count else 0
-        return torch.device(device_type, index)
+        index = devices.pick_device_index(device_type, self.local_process_index, count, forced_index)
+        return _torch().device(device_type, index)
 
     # -- identity ---------------------------------------------------------------------------------
 
@@ -178,7 +178,7 @@ class PartialState:
     @property
     def default_device(self) -> Any:
         """The device this process would use if nothing was forced."""
-        return self._pick_device(devices.detect_device_type())
+        return self._pick_device(devices.detect_device_type(), devices.forced_device_index())
 
     @property
     def is_fsdp2(self) -> bool:
