@@ -48,3 +48,41 @@ def test_every_rank_uses_the_pinned_index_not_its_local_rank() -> None:
         _device_of_this_rank, env={"ACCELERATE_TORCH_DEVICE": "cpu:0", "ACCELERATE_USE_CPU": "false"}, timeout=60
     )
     assert results == [(0, "cpu:0"), (1, "cpu:0")]
+
+
+# -- a reset PartialState does not leave a stale AcceleratorState behind ----------------------------
+
+
+def test_accelerator_state_recovers_after_partial_state_reset() -> None:
+    state = AcceleratorState(mixed_precision="no", cpu=True, fsdp_plugin=object())
+    PartialState._reset_state()
+    again = AcceleratorState()
+    # The process-level half is set up again; what AcceleratorState itself holds is kept.
+    assert again.device.type == "cpu"
+    assert PartialState().initialized
+    assert again.fsdp_plugin is state.fsdp_plugin
+    assert again.distributed_type == "FSDP"
+
+
+def test_a_new_accelerator_rebuilds_a_stale_state_from_its_arguments() -> None:
+    AcceleratorState(mixed_precision="no", cpu=True)
+    PartialState._reset_state()
+    rebuilt = AcceleratorState(mixed_precision="bf16", cpu=True, _from_accelerator=True)
+    assert rebuilt.mixed_precision == "bf16"
+    assert rebuilt.num_processes == 1
+
+
+def test_unknown_attribute_names_accelerator_state() -> None:
+    state = AcceleratorState(cpu=True)
+    with pytest.raises(AttributeError, match="'AcceleratorState' object has no attribute 'no_such_thing'"):
+        _ = state.no_such_thing
+    AcceleratorState._reset_state(reset_partial_state=True)
+    with pytest.raises(AttributeError, match="`AcceleratorState` object has no attribute `device`"):
+        _ = AcceleratorState.__new__(AcceleratorState).device
+
+
+def test_reading_an_attribute_of_a_reset_state_says_what_to_do() -> None:
+    state: Any = AcceleratorState(cpu=True)
+    PartialState._reset_state()
+    with pytest.raises(AttributeError, match="_reset_state"):
+        _ = state.num_processes

@@ -315,6 +315,16 @@ class AcceleratorState:
     """
 
     _shared_state: dict[str, Any] = {}
+    _known_attrs = (
+        "_mixed_precision",
+        "deepspeed_plugins",
+        "dynamo_plugin",
+        "fsdp_plugin",
+        "megatron_lm_plugin",
+        "parallelism_config",
+        "torch_tp_plugin",
+        "use_ipex",
+    )
 
     def __init__(
         self,
@@ -330,6 +340,13 @@ class AcceleratorState:
         **kwargs: Any,
     ) -> None:
         self.__dict__ = self._shared_state
+        if self._shared_state.get("_initialized") and not PartialState._shared_state.get("_initialized"):
+            # PartialState._reset_state() was called (test suites, notebooks): this state is stale.
+            if _from_accelerator:
+                # A new Accelerator gives its whole configuration: build the state again from it.
+                self._shared_state.clear()
+            else:
+                self._reattach_partial_state(cpu, **kwargs)
         if self._shared_state.get("_initialized"):
             if mixed_precision is not None and str(mixed_precision) != self._mixed_precision:
                 raise ValueError(
@@ -366,16 +383,29 @@ class AcceleratorState:
         self.use_ipex = False
         self._initialized = True
 
+    def _reattach_partial_state(self, cpu: bool, **kwargs: Any) -> None:
+        """Set up a new PartialState under this state, keeping precision and plugins."""
+        if env_vars.read("ACCELERATE_USE_CPU"):
+            cpu = True
+        self._partial = PartialState(cpu, **kwargs)
+        if self.distributed_type not in _PLUGIN_TYPES.values():
+            self.distributed_type = self._partial.distributed_type
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_partial", "_shared_state"):
             raise AttributeError(name)
         partial = self._shared_state.get("_partial")
-        if partial is None:
-            raise AttributeError(
-                f"`AcceleratorState` object has no attribute `{name}`: the state is not initialised yet. "
-                "Create an `Accelerator()` (or `AcceleratorState()`) first."
-            )
-        return getattr(partial, name)
+        if partial is None or not partial._shared_state.get("_initialized"):
+            if name in PartialState._known_attrs or name in self._known_attrs:
+                raise AttributeError(
+                    f"`AcceleratorState` object has no attribute `{name}`: the state is not initialised yet "
+                    "(or `_reset_state()` was called since). Create an `Accelerator()` (or `AcceleratorState()`) first."
+                )
+            raise AttributeError(f"'AcceleratorState' object has no attribute '{name}'")
+        try:
+            return getattr(partial, name)
+        except AttributeError:
+            raise AttributeError(f"'AcceleratorState' object has no attribute '{name}'") from None
 
     def __repr__(self) -> str:
         text = repr(self._partial).replace(str(self._partial.distributed_type), str(self.distributed_type), 1)
