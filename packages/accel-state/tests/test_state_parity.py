@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
+import torch
 
 from accel_state import devices
 from accel_state.environment import patch_environment
 from accel_state.state import AcceleratorState, PartialState
-from accel_state.testing import run_distributed
+from accel_state import operations
+from accel_state.testing import DistributedPool, run_distributed
 
 # -- ACCELERATE_TORCH_DEVICE with an index pins the device ------------------------------------------
 
@@ -86,3 +89,75 @@ def test_reading_an_attribute_of_a_reset_state_says_what_to_do() -> None:
     PartialState._reset_state()
     with pytest.raises(AttributeError, match="_reset_state"):
         _ = state.num_processes
+
+
+# -- collectives ------------------------------------------------------------------------------------
+
+
+def _collectives_of_release_1_15() -> dict[str, Any]:
+    from accel_state.nested import DistributedOperationException
+
+    state = PartialState()
+    rank = state.process_index
+    values = torch.tensor([float(rank), 5.0 - rank, 3.0])  # rank 0: [0, 5, 3]; rank 1: [1, 4, 3]
+    result: dict[str, Any] = {
+        "max": operations.reduce(values, "max").tolist(),
+        "min": operations.reduce(values, "min").tolist(),
+        "sum": operations.reduce(values, "sum").tolist(),
+    }
+    ranked = torch.ones(*([2] * (rank + 1)))  # a 1-d tensor on rank 0, a 2-d one on rank 1
+    assert not state.debug
+    state.debug = True  # turned on at run time, not through the environment
+    try:
+        operations.pad_across_processes(ranked)
+    except DistributedOperationException as error:
+        result["pad_error"] = f"{error} / {error.__cause__}"
+    finally:
+        state.debug = False
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result["nested_same"] = operations.pad_across_processes(nested) is nested
+    result["nested_warnings"] = [type(w.message).__name__ for w in caught]
+    return result
+
+
+def test_collectives_match_release_1_15(dist_pool: DistributedPool) -> None:
+    results = dist_pool.run(_collectives_of_release_1_15)
+    for result in results:
+        assert result["max"] == [1.0, 5.0, 3.0]
+        assert result["min"] == [0.0, 4.0, 3.0]
+        assert result["sum"] == [1.0, 9.0, 6.0]
+        # Every rank raises (none aborts), and the error names the shapes each rank sent.
+        assert "pad_across_processes" in result["pad_error"]
+        assert "Process 0: [1, 1]" in result["pad_error"] and "Process 1: [1, 2]" in result["pad_error"]
+        assert result["nested_same"] is True
+        assert result["nested_warnings"] == ["CannotPadNestedTensorWarning"]
+
+
+def test_reduce_max_and_min_in_one_process_return_the_values() -> None:
+    values = torch.tensor([1.0, -2.0])
+    assert operations.reduce(values, "max").tolist() == [1.0, -2.0]
+    assert operations.reduce(values, "min").tolist() == [1.0, -2.0]
+    with pytest.raises(ValueError, match="'max', 'min'"):
+        operations.reduce(values, "median")
+
+
+def test_debug_flag_set_on_the_state_at_run_time_is_what_counts() -> None:
+    with patch_environment(ACCELERATE_DEBUG_MODE="1"):
+        state = PartialState(cpu=True)
+        assert operations._debug_mode()
+        state.debug = False
+        assert not operations._debug_mode()
+    PartialState._reset_state()
+    with patch_environment(ACCELERATE_DEBUG_MODE="1"):
+        assert operations._debug_mode()  # no state yet: the variable decides
+
+
+def test_concatenate_of_one_non_tensor_returns_it() -> None:
+    marker = {"not", "a", "tensor"}
+    assert operations.concatenate([marker]) is marker
+    assert operations.concatenate([[1, "x"]]) == [1, "x"]
+    with pytest.raises(TypeError, match="can only concatenate tensors"):
+        operations.concatenate(["a", "b"])
+    assert operations.concatenate([torch.ones(1), torch.zeros(1)]).tolist() == [1.0, 0.0]

@@ -41,6 +41,7 @@ _export(
     "verify_operation",
     "chained_operation",
     "gather_tensor_shape",
+    "CannotPadNestedTensorWarning",
 )
 _export(
     "nested",

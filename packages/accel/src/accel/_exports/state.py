@@ -22,6 +22,7 @@ _OPS = [
     "copy_tensor_to_devices",
     "verify_operation",
     "chained_operation",
+    "CannotPadNestedTensorWarning",
 ]
 _NESTED = [
     "DistributedOperationException",
