@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any
 
@@ -161,3 +162,27 @@ def test_concatenate_of_one_non_tensor_returns_it() -> None:
     with pytest.raises(TypeError, match="can only concatenate tensors"):
         operations.concatenate(["a", "b"])
     assert operations.concatenate([torch.ones(1), torch.zeros(1)]).tolist() == [1.0, 0.0]
+
+
+# -- kwargs handlers: defaults are those of a clean environment -----------------------------------
+
+
+def test_kwargs_handler_counts_values_read_from_the_environment_as_changes() -> None:
+    import dataclasses
+
+    from accel_state.kwargs import KwargsHandler
+
+    @dataclasses.dataclass
+    class FromEnvironment(KwargsHandler):
+        level: str | None = None
+        other: int = 1
+
+        def __post_init__(self) -> None:
+            if self.level is None:
+                self.level = os.environ.get("ACCELERATE_TEST_LEVEL", "low")
+
+    assert FromEnvironment().to_kwargs() == {}
+    with patch_environment(ACCELERATE_TEST_LEVEL="high", UNRELATED_VARIABLE="kept"):
+        assert FromEnvironment().to_kwargs() == {"level": "high"}
+        assert FromEnvironment(other=2).to_kwargs() == {"level": "high", "other": 2}
+        assert os.environ["ACCELERATE_TEST_LEVEL"] == "high"

@@ -1,0 +1,24 @@
+"""Behaviours scripts written for the documented system (release 1.15) rely on (issue 17)."""
+
+from __future__ import annotations
+
+import os
+
+from accel_state.environment import patch_environment
+from accel_train.plugins import TorchDynamoPlugin
+
+
+def test_dynamo_plugin_reports_what_came_from_the_environment() -> None:
+    assert TorchDynamoPlugin().to_kwargs() == {}
+    with patch_environment(
+        ACCELERATE_DYNAMO_BACKEND="INDUCTOR",
+        ACCELERATE_DYNAMO_MODE="max-autotune",
+        ACCELERATE_DYNAMO_USE_FULLGRAPH="true",
+        ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION="true",
+    ):
+        plugin = TorchDynamoPlugin()
+        assert plugin.use_regional_compilation is True
+        assert plugin.to_kwargs() == {"backend": "inductor", "mode": "max-autotune", "fullgraph": True}
+        assert os.environ["ACCELERATE_DYNAMO_BACKEND"] == "INDUCTOR"  # the variables are back afterwards
+    assert TorchDynamoPlugin(backend="eager", use_regional_compilation=True).to_kwargs() == {"backend": "eager"}
+    assert TorchDynamoPlugin(backend="INDUCTOR").to_dict()["backend"] == "inductor"
