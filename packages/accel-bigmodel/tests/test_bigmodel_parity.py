@@ -1,0 +1,83 @@
+"""Device-map planning as release 1.15 of the documented system does it (issue 17, item 11)."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections import OrderedDict
+
+import pytest
+from torch import nn
+
+from accel_bigmodel.planning import infer_auto_device_map
+from accel_bigmodel.sizes import compute_module_sizes
+
+
+class ThreeLayers(nn.Module):
+    """Sizes in float32: first 64 bytes, norm 72 (40 of them buffers), last 100."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(3, 4)
+        self.norm = nn.BatchNorm1d(4)
+        self.last = nn.Linear(4, 5)
+
+
+def test_a_tied_model_that_fits_is_not_split() -> None:
+    model = ThreeLayers()
+    model.first.weight = model.last.weight  # the first layer now shares the last one's 80-byte weight
+    assert compute_module_sizes(model)[""] == 188
+    # Placed with `last`, `first` leaves only `norm` to place; `last` no longer counts toward the reserve.
+    assert infer_auto_device_map(model, max_memory={0: 200, 1: 200}) == {"": 0}
+
+
+def test_tied_layers_placed_early_stop_counting_toward_the_reserve() -> None:
+    model = nn.Sequential(
+        OrderedDict(
+            [
+                ("embed", nn.Sequential(nn.Linear(3, 2, bias=True))),  # 32 bytes
+                ("small", nn.Linear(3, 2, bias=False)),  # 24 bytes
+                ("head", nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))),  # 48 + 32 bytes
+            ]
+        )
+    )
+    model.head[1].weight = model.embed[0].weight
+    sizes = compute_module_sizes(model)
+    assert sizes[""] == 32 + 24 + 48 + 8
+    # embed goes with head (32 + 56 = 88, reserve 48 for head.0 while head waits): 88 <= 140 - 48.
+    # Then only `small` is left: nothing else to reserve room for, so it fits too.
+    assert infer_auto_device_map(model, max_memory={0: 140, "cpu": 1000}) == {"": 0}
+
+
+def test_a_module_too_big_alone_is_split_even_when_it_has_ties() -> None:
+    model = nn.Module()
+    model.block = nn.Sequential(nn.Linear(3, 4, bias=False), nn.Linear(4, 4, bias=False))  # 48 + 64
+    model.other = nn.Linear(4, 4)  # 80, the largest layer
+    model.head = nn.Linear(3, 4, bias=False)
+    model.head.weight = model.block[0].weight
+    # block (112) does not fit in 150 - 80; it is split and block.0 goes with head.
+    device_map = infer_auto_device_map(model, max_memory={0: 150, "cpu": 1000})
+    assert device_map == {"block.0": 0, "head": 0, "block.1": "cpu", "other": "cpu"}
+
+
+def test_buffer_check_counts_the_reserve_as_used_and_logs(caplog: pytest.LogCaptureFixture) -> None:
+    model = ThreeLayers()
+    # first (64) on 0, with 100 kept for `last`; norm's 40 bytes of buffers cannot join: 64 + 100 + 40 > 200.
+    with caplog.at_level(logging.INFO, logger="accel_bigmodel.planning"):
+        with pytest.warns(UserWarning, match="40 bytes of buffer for offloaded layers.*offload_buffers=True"):
+            device_map = infer_auto_device_map(model, max_memory={0: 200, "cpu": 1000})
+    assert device_map == {"first": 0, "norm": "cpu", "last": "cpu"}
+    assert any("40 bytes of buffer" in record.getMessage() for record in caplog.records)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        infer_auto_device_map(model, max_memory={0: 200, "cpu": 1000}, offload_buffers=True)
+        # 0 holds nothing (64 does not fit in 150 - 100) but keeps 100: 150 >= 40 + 100, no warning.
+        with pytest.raises(UserWarning, match="insufficient memory"):
+            infer_auto_device_map(model, max_memory={0: 150, "cpu": 1000})
+
+
+def test_insufficient_memory_for_a_device_is_warned_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="accel_bigmodel.planning"):
+        with pytest.warns(UserWarning, match="insufficient memory"):
+            infer_auto_device_map(ThreeLayers(), max_memory={0: 10, "cpu": 1000})
+    assert any("insufficient memory" in record.getMessage() for record in caplog.records)
