@@ -265,9 +265,7 @@ def test_varying_batches_with_even_batches_complete_the_round_with_whole_first_b
 
     def shards(data: list[list[int]], n: int, drop_last: bool = False) -> list[list[list[int]]]:
         return [
-            list(
-                sharding.shard_batches(data, batch_size=None, num_processes=n, process_index=p, drop_last=drop_last)
-            )
+            list(sharding.shard_batches(data, batch_size=None, num_processes=n, process_index=p, drop_last=drop_last))
             for p in range(n)
         ]
 

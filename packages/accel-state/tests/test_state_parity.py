@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from accel_state import devices
+from accel_state import devices, operations
 from accel_state.environment import patch_environment
 from accel_state.state import AcceleratorState, PartialState
-from accel_state import operations
 from accel_state.testing import DistributedPool, run_distributed
 
 # -- ACCELERATE_TORCH_DEVICE with an index pins the device ------------------------------------------

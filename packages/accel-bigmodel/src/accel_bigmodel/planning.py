@@ -367,9 +367,7 @@ def infer_auto_device_map(
     if clean_result:
         device_map = clean_device_map(device_map)
     if offloaded_buffers and accelerators:
-        fits = any(
-            budgets[d] >= offloaded_buffers + used.get(d, 0) + kept_free.get(d, 0) for d in accelerators
-        )
+        fits = any(budgets[d] >= offloaded_buffers + used.get(d, 0) + kept_free.get(d, 0) for d in accelerators)
         if not fits:
             message = (
                 f"Current model requires {offloaded_buffers} bytes of buffer for offloaded layers, which does not "

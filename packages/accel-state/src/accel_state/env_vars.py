@@ -69,7 +69,12 @@ _ALL: tuple[EnvVar, ...] = (
     _v("ACCELERATE_USE_CPU", "bool", False, "force execution on CPU even when an accelerator is present"),
     _v("ACCELERATE_DEBUG_MODE", "bool", False, "check shapes across ranks before each collective"),
     _v("ACCELERATE_LOG_LEVEL", "str", None, "log level of accel loggers (INFO, DEBUG, ...)"),
-    _v("ACCELERATE_TORCH_DEVICE", "str", None, "torch device to run on: a type (hpu, xpu) or a type and index (cuda:1) that pins the device"),
+    _v(
+        "ACCELERATE_TORCH_DEVICE",
+        "str",
+        None,
+        "torch device to run on: a type (hpu, xpu) or a type and index (cuda:1) that pins the device",
+    ),
     _v("ACCELERATE_CPU_AFFINITY", "bool", False, "pin each process to the CPU cores near its GPU"),
     _v("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "int", 1, "number of gradient accumulation steps"),
     _v("ACCELERATE_GRADIENT_CLIPPING", "float", None, "gradient clipping value (DeepSpeed)"),

@@ -19,9 +19,7 @@ def without_launcher_variables() -> Iterator[None]:
     from accel_state.env_vars import ENV_VARS
 
     hidden = {
-        key: value
-        for key, value in os.environ.items()
-        if key in ENV_VARS or key.startswith(("ACCELERATE_", "FSDP_"))
+        key: value for key, value in os.environ.items() if key in ENV_VARS or key.startswith(("ACCELERATE_", "FSDP_"))
     }
     for key in hidden:
         del os.environ[key]
