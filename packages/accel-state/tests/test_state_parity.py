@@ -185,3 +185,23 @@ def test_kwargs_handler_counts_values_read_from_the_environment_as_changes() -> 
         assert FromEnvironment().to_kwargs() == {"level": "high"}
         assert FromEnvironment(other=2).to_kwargs() == {"level": "high", "other": 2}
         assert os.environ["ACCELERATE_TEST_LEVEL"] == "high"
+
+
+# -- check_os_kernel ---------------------------------------------------------------------------------
+
+
+def test_check_os_kernel_warns_below_5_5_0(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from accel_state.environment import check_os_kernel
+
+    with caplog.at_level(logging.WARNING, logger="accel_state.environment"):
+        with pytest.warns(UserWarning, match=r"kernel 5\.4\.0 is older than 5\.5\.0"):
+            assert check_os_kernel("5.4.0-150-generic", "Linux") is True
+    assert "5.4.0" in caplog.text
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert check_os_kernel("5.5.0", "Linux") is False
+        assert check_os_kernel("6.8.0-1015-gcp", "Linux") is False
+        assert check_os_kernel("4.19.0", "Darwin") is False  # not Linux: nothing to say
+        assert check_os_kernel("unknown", "Linux") is False

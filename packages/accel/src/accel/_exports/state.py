@@ -53,6 +53,7 @@ _ENV = [
     "clear_environment",
     "are_libraries_initialized",
     "get_cpu_distributed_information",
+    "check_os_kernel",
 ]
 _ENUMS = [
     "DistributedType",
