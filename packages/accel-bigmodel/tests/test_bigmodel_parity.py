@@ -81,3 +81,34 @@ def test_insufficient_memory_for_a_device_is_warned_and_logged(caplog: pytest.Lo
         with pytest.warns(UserWarning, match="insufficient memory"):
             infer_auto_device_map(ThreeLayers(), max_memory={0: 10, "cpu": 1000})
     assert any("insufficient memory" in record.getMessage() for record in caplog.records)
+
+
+def test_unexpected_checkpoint_keys_are_warned_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    import torch
+
+    from accel_bigmodel.loading import check_checkpoint_matches
+
+    expected = {"w": torch.zeros(2)}
+    found = {"w": ((2,), torch.float32), "extra": ((1,), torch.float32)}
+    with caplog.at_level(logging.WARNING, logger="accel_bigmodel.loading"):
+        with pytest.warns(UserWarning, match="unexpected keys: extra"):
+            check_checkpoint_matches(expected, found, [], strict=False, source="ckpt")
+    assert "unexpected keys: extra" in caplog.text
+
+
+def test_tied_parameters_on_different_devices_are_warned_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    from accel_bigmodel.tied import check_tied_parameters_on_same_device
+
+    with caplog.at_level(logging.WARNING, logger="accel_bigmodel.tied"):
+        with pytest.warns(UserWarning, match="different devices"):
+            check_tied_parameters_on_same_device([["a.weight", "b.weight"]], {"a": 0, "b": "cpu"})
+    assert "different devices" in caplog.text
+
+
+def test_unknown_device_map_keys_raise() -> None:
+    """A deliberate difference: the documented system only warns about device_map keys that name no
+    module; accel refuses them (a typo would otherwise load weights to the wrong place)."""
+    from accel_bigmodel.planning import check_device_map
+
+    with pytest.raises(ValueError, match="names modules the model does not have"):
+        check_device_map(ThreeLayers(), {"first": 0, "norm": 0, "last": 0, "lsat": 0})
