@@ -205,3 +205,12 @@ def test_check_os_kernel_warns_below_5_5_0(caplog: pytest.LogCaptureFixture) -> 
         assert check_os_kernel("6.8.0-1015-gcp", "Linux") is False
         assert check_os_kernel("4.19.0", "Darwin") is False  # not Linux: nothing to say
         assert check_os_kernel("unknown", "Linux") is False
+
+
+def test_enums_have_the_documented_members() -> None:
+    from accel_state.enums import DistributedType, DynamoBackend, RNGType
+
+    assert DistributedType("MULTI_NEURON") is DistributedType.MULTI_NEURON
+    assert DistributedType.parse("multi_neuron") is DistributedType.MULTI_NEURON
+    assert RNGType("neuron") is RNGType.NEURON
+    assert DynamoBackend.parse("neuron") is DynamoBackend.NEURON
