@@ -112,3 +112,51 @@ def test_unknown_device_map_keys_raise() -> None:
 
     with pytest.raises(ValueError, match="names modules the model does not have"):
         check_device_map(ThreeLayers(), {"first": 0, "norm": 0, "last": 0, "lsat": 0})
+
+
+# -- accel.commands.estimate: gather_data and verify_on_hub -----------------------------------------
+
+
+def build_three_layers() -> nn.Module:
+    return ThreeLayers()
+
+
+def test_gather_data_gives_rows_indexable_like_the_documented_lists() -> None:
+    from accel_bigmodel.commands import estimate as command
+
+    args = command.estimate_command_parser().parse_args(
+        ["test_bigmodel_parity:build_three_layers", "--dtypes", "float32", "int8"]
+    )
+    rows = command.gather_data(args)
+    total = compute_module_sizes(ThreeLayers())[""]
+    assert [row[0] for row in rows] == ["float32", "int8"]
+    assert rows[0][2] == rows[0].total_size == total
+    assert rows[1][2] == total // 4
+    dtype, largest, size, training = rows[0]
+    assert (dtype, largest, training) == ("float32", 100, 4 * size)
+
+
+def test_verify_on_hub_says_gated_or_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("huggingface_hub")
+    import huggingface_hub
+    from huggingface_hub.utils import GatedRepoError, RepositoryNotFoundError
+
+    from accel_bigmodel.commands.estimate import verify_on_hub
+
+    def answer(error: Exception | None):  # type: ignore[no-untyped-def]
+        def model_info(repo: str, token: str | None = None) -> object:
+            if error is not None:
+                raise error
+            return {"id": repo, "token": token}
+
+        return model_info
+
+    monkeypatch.setattr(huggingface_hub, "model_info", answer(None))
+    assert verify_on_hub("org/model", "tok") == {"id": "org/model", "token": "tok"}
+    monkeypatch.setattr(huggingface_hub, "model_info", answer(OSError("offline")))
+    assert verify_on_hub("org/model") == "gated"
+    for error_class, expected in ((GatedRepoError, "gated"), (RepositoryNotFoundError, "repo")):
+        error = error_class.__new__(error_class)
+        Exception.__init__(error, "no access")
+        monkeypatch.setattr(huggingface_hub, "model_info", answer(error))
+        assert verify_on_hub("org/model") == expected
