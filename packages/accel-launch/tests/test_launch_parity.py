@@ -143,3 +143,65 @@ def test_mpirun_spelling_follows_the_mpi_found() -> None:
     with mock.patch.object(launch_utils, "which", return_value=None):
         with pytest.raises(OSError, match="mpirun nor mpiexec"):
             launch_utils.mpirun_spelling()
+
+
+# -- names: to-fsdp2 and every FSDP key the documented system writes ----------------------------
+
+
+def test_to_fsdp2_accepts_every_fsdp_key_the_documented_system_writes(tmp_path: Path) -> None:
+    import yaml
+
+    from accel_launch.commands import to_fsdp2
+
+    fsdp1 = {
+        "fsdp_activation_checkpointing": False,
+        "fsdp_activation_checkpointing_offload": True,
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_backward_prefetch": "BACKWARD_PRE",
+        "fsdp_cpu_ram_efficient_loading": True,
+        "fsdp_forward_prefetch": False,
+        "fsdp_ignored_modules": "vision_tower.*",
+        "fsdp_min_num_params": 0,
+        "fsdp_offload_params": False,
+        "fsdp_sharding_strategy": "FULL_SHARD",
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_sync_module_states": True,
+        "fsdp_transformer_layer_cls_to_wrap": "BertLayer",
+        "fsdp_use_orig_params": True,
+        "fsdp_version": 1,
+    }
+    source = tmp_path / "fsdp1.yaml"
+    source.write_text(yaml.safe_dump({"distributed_type": "FSDP", "num_processes": 2, "fsdp_config": fsdp1}))
+    assert to_fsdp2.load_config(str(source))["fsdp_config"] == fsdp1
+    target = tmp_path / "fsdp2.yaml"
+    assert (
+        to_fsdp2.to_fsdp2_command(
+            to_fsdp2.to_fsdp2_command_parser().parse_args(["--config_file", str(source), "--output_file", str(target)])
+        )
+        == 0
+    )
+    converted = yaml.safe_load(target.read_text())["fsdp_config"]
+    assert converted["fsdp_ignored_modules"] == "vision_tower.*"
+    assert converted["fsdp_activation_checkpointing_offload"] is True
+    assert converted["fsdp_reshard_after_forward"] is True and converted["fsdp_version"] == 2
+    assert to_fsdp2.convert_config_to_fsdp2({"fsdp_config": fsdp1})["fsdp_config"] == converted
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="is empty"):
+        to_fsdp2.load_config(str(empty))
+
+
+def test_the_launcher_carries_the_extra_fsdp_keys() -> None:
+    plan = plan_of(
+        ["--use_fsdp", "--num_processes", "2", "--fsdp_ignored_modules", "head.*"],
+        {"fsdp_config": {"fsdp_activation_checkpointing_offload": True}},
+    )
+    assert plan.env["FSDP_IGNORED_MODULES"] == "head.*"
+    assert plan.env["FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD"] == "true"
+
+
+def test_documented_command_function_names() -> None:
+    from accel_launch.commands import to_fsdp2
+
+    parser = to_fsdp2.to_fsdp2_command_parser()
+    assert parser.parse_args(["--config_file", "c.yaml", "--overwrite"]).overwrite is True

@@ -22,3 +22,17 @@ def test_dynamo_plugin_reports_what_came_from_the_environment() -> None:
         assert os.environ["ACCELERATE_DYNAMO_BACKEND"] == "INDUCTOR"  # the variables are back afterwards
     assert TorchDynamoPlugin(backend="eager", use_regional_compilation=True).to_kwargs() == {"backend": "eager"}
     assert TorchDynamoPlugin(backend="INDUCTOR").to_dict()["backend"] == "inductor"
+
+
+def test_test_command_has_the_documented_names(tmp_path: object) -> None:
+    import argparse
+
+    from accel_train.commands import test as command
+
+    parser = command.test_command_parser()
+    assert parser.parse_args([]).config_file is None
+    assert parser.parse_args(["--config_file", "c.yaml"]).config_file == "c.yaml"
+    sub = argparse.ArgumentParser().add_subparsers()
+    assert command.test_command_parser(sub).parse_args([]).func is command.run
+    # a missing config file is refused before anything runs
+    assert command.test_command(argparse.Namespace(config_file="/no/such/config.yaml")) == 2

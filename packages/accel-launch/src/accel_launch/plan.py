@@ -355,6 +355,11 @@ def build_env(
         protocol.update(_deepspeed_env(values, config))
     if values.get("use_fsdp"):
         protocol.update(_fsdp_env(values))
+        # Keys of the documented system's FSDP settings that _fsdp_env does not carry.
+        if values.get("fsdp_activation_checkpointing_offload"):
+            protocol["FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD"] = True
+        if values.get("fsdp_ignored_modules"):
+            protocol["FSDP_IGNORED_MODULES"] = values["fsdp_ignored_modules"]
     if values.get("use_megatron_lm"):
         protocol.update(_megatron_env(values))
     if values.get("use_parallelism_config"):

@@ -121,6 +121,8 @@ _ALL: tuple[EnvVar, ...] = (
     _v("FSDP_SYNC_MODULE_STATES", "bool", True, "broadcast module states from rank 0"),
     _v("FSDP_ACTIVATION_CHECKPOINTING", "bool", False, "checkpoint activations of wrapped layers"),
     _v("FSDP_CPU_OFFLOAD", "bool", False, "alias of FSDP_OFFLOAD_PARAMS kept for old launchers"),
+    _v("FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD", "bool", False, "offload checkpointed activations to the CPU"),
+    _v("FSDP_IGNORED_MODULES", "str", None, "regular expression of module names FSDP leaves unsharded"),
     # Megatron-LM
     _v("ACCELERATE_USE_MEGATRON_LM", "bool", False, "use Megatron-LM"),
     _v("MEGATRON_LM_TP_DEGREE", "int", 1, "tensor parallel degree"),
