@@ -160,3 +160,38 @@ def test_verify_on_hub_says_gated_or_missing(monkeypatch: pytest.MonkeyPatch) ->
         Exception.__init__(error, "no access")
         monkeypatch.setattr(huggingface_hub, "model_info", answer(error))
         assert verify_on_hub("org/model") == expected
+
+
+# -- layerwise casting ---------------------------------------------------------------------------
+
+
+def test_layerwise_casting_skips_whole_subtrees_and_uses_the_documented_layers() -> None:
+    import torch
+
+    from accel_bigmodel.big_modeling import attach_layerwise_casting_hooks
+    from accel_state.constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
+
+    assert nn.Linear in SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING and nn.Conv2d in SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
+    assert nn.Embedding not in SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(x)
+
+    model = nn.Sequential(Block(), nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4)))
+    attach_layerwise_casting_hooks(
+        model,
+        storage_dtype=torch.bfloat16,
+        compute_dtype=torch.float32,
+        skip_modules_classes=(Block,),
+        skip_modules_pattern=r"^2$",
+    )
+    assert model[0].inner.weight.dtype == torch.float32  # inside a skipped class: left alone
+    assert model[2][0].weight.dtype == torch.float32  # inside a skipped name: left alone
+    assert model[1].weight.dtype == torch.bfloat16  # stored low
+    assert model(torch.randn(2, 4)).dtype == torch.float32  # computed high
+    assert model[1].weight.dtype == torch.bfloat16

@@ -214,3 +214,14 @@ def test_enums_have_the_documented_members() -> None:
     assert DistributedType.parse("multi_neuron") is DistributedType.MULTI_NEURON
     assert RNGType("neuron") is RNGType.NEURON
     assert DynamoBackend.parse("neuron") is DynamoBackend.NEURON
+
+
+def test_upcasting_layers_constant_is_lazy() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, accel_state.constants as c; assert 'torch' not in sys.modules; "
+        "layers = c.SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING; import torch; assert torch.nn.Linear in layers"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
