@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from accel_state.environment import patch_environment
 from accel_train.plugins import TorchDynamoPlugin
 
@@ -36,3 +38,17 @@ def test_test_command_has_the_documented_names(tmp_path: object) -> None:
     assert command.test_command_parser(sub).parse_args([]).func is command.run
     # a missing config file is refused before anything runs
     assert command.test_command(argparse.Namespace(config_file="/no/such/config.yaml")) == 2
+
+
+def test_a_new_accelerator_after_partial_state_reset_rebuilds_the_state() -> None:
+    from accel_state.state import AcceleratorState, PartialState
+    from accel_train.accelerator import Accelerator
+
+    first = Accelerator(cpu=True)
+    assert first.state.mixed_precision == "no"
+    PartialState._reset_state()  # what test suites and notebooks call
+    second = Accelerator(cpu=True, mixed_precision="bf16")
+    assert second.state.mixed_precision == "bf16"
+    assert second.device.type == "cpu" and PartialState().initialized
+    with pytest.raises(AttributeError, match="'AcceleratorState' object has no attribute 'nothing_here'"):
+        _ = AcceleratorState().nothing_here
