@@ -41,6 +41,8 @@ UTILS.update({name: f"{_T}.kwargs_handlers" for name in _KWARGS})
 UTILS.update({name: f"{_T}.plugins" for name in _PLUGINS})
 UTILS.update({name: f"{_T}.parallel_plugins" for name in _PARALLEL})
 UTILS["merge_fsdp_weights"] = f"{_T}.merge"
+UTILS["save"] = f"{_T}.checkpoint_io"
+UTILS["load"] = f"{_T}.checkpoint_io"
 
 MODULES: dict[str, str] = {
     "accel.accelerator": f"{_T}.accelerator",
