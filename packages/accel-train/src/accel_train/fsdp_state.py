@@ -1,0 +1,245 @@
+"""State dicts of FSDP models and their optimizers: full (gathered) or sharded through DCP.
+
+Every function here is collective when the model is sharded: call it on every rank. The same code
+serves FSDP1, FSDP2 and a model left unwrapped (one process), through
+``torch.distributed.checkpoint.state_dict``. Sharded checkpoints are ``torch.distributed.checkpoint``
+folders holding ``{"model": state_dict}`` or ``{"optimizer": state_dict}`` (the documented layout:
+``pytorch_model_fsdp_0/`` and ``optimizer_0/``), readable on any number of processes (DCP reshards).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+__all__ = [
+    "MODEL_KEY",
+    "OPTIMIZER_KEY",
+    "check_shapes",
+    "full_model_state_dict",
+    "full_optimizer_state_dict",
+    "load_full_model_state_dict",
+    "load_full_optimizer_state_dict",
+    "load_sharded_model",
+    "load_sharded_optimizer",
+    "model_shapes",
+    "saved_shapes",
+    "save_sharded_model",
+    "save_sharded_optimizer",
+]
+
+MODEL_KEY = "model"
+OPTIMIZER_KEY = "optimizer"
+
+
+def _options(**kwargs: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(**kwargs)
+
+
+def _is_fsdp1(model: torch.nn.Module) -> bool:
+    return type(model).__name__ == "FullyShardedDataParallel"
+
+
+@contextlib.contextmanager
+def _local_state_dict(model: torch.nn.Module, local: bool) -> Iterator[None]:
+    """FSDP1's LOCAL_STATE_DICT (each rank's flat shards) inside the block, when asked."""
+    if not (local and _is_fsdp1(model)):
+        yield
+        return
+    from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
+
+    with FullyShardedDataParallel.state_dict_type(model, StateDictType.LOCAL_STATE_DICT):
+        yield
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_cpu(v) for v in value]
+    return value
+
+
+# -- full state dicts ------------------------------------------------------------------------------
+
+
+def full_model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's state dict on every rank, on the CPU (gathered from the shards).
+
+    Gathered without ``cpu_offload`` (FSDP1 crashes with it on CPU, and with it only rank 0 would
+    get the tensors); each tensor is then moved to the CPU.
+    """
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    state = get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=False))
+    return {
+        name: tensor.detach().cpu() if isinstance(tensor, torch.Tensor) else tensor for name, tensor in state.items()
+    }
+
+
+def load_full_model_state_dict(
+    model: torch.nn.Module,
+    state_dict: Mapping[str, torch.Tensor],
+    strict: bool = True,
+    broadcast_from_rank0: bool = False,
+    source: str = "the state dict",
+) -> None:
+    """Load a full state dict into a (sharded) model; with ``broadcast_from_rank0`` only rank 0's
+    tensors are read and the other ranks receive them. Shapes are checked first (tensors named)."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    if not broadcast_from_rank0 or _rank() == 0:
+        check_shapes(model_shapes(model), {k: tuple(v.shape) for k, v in state_dict.items()}, source)
+    result = set_model_state_dict(
+        model,
+        dict(state_dict),
+        options=_options(full_state_dict=True, strict=False, broadcast_from_rank0=broadcast_from_rank0),
+    )
+    _check_keys(model, result, strict, source)
+
+
+def _check_keys(model: torch.nn.Module, result: Any, strict: bool, source: str) -> None:
+    if not strict or result is None:
+        return
+    missing = list(getattr(result, "missing_keys", []))
+    unexpected = list(getattr(result, "unexpected_keys", []))
+    if missing or unexpected:
+        raise RuntimeError(
+            f"{source} does not match the model {type(model).__name__}: missing keys {missing}, "
+            f"unexpected keys {unexpected}"
+        )
+
+
+def full_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's whole state (keyed by parameter names) on every rank, on the CPU."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    state = get_optimizer_state_dict(model, optimizer, options=_options(full_state_dict=True, cpu_offload=False))
+    return _to_cpu(state)  # type: ignore[no-any-return]
+
+
+def load_full_optimizer_state_dict(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]
+) -> None:
+    """Load a full optimizer state dict (from :func:`full_optimizer_state_dict`) into the sharded optimizer."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state_dict, options=_options(full_state_dict=True))
+
+
+# -- shapes ------------------------------------------------------------------------------------------
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def model_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    """``{name: global shape}`` of the model's state dict (shards report the whole tensor's shape)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    state = get_model_state_dict(model)
+    return {name: tuple(t.shape) for name, t in state.items() if isinstance(t, torch.Tensor)}
+
+
+def saved_shapes(checkpoint_dir: str, key: str = MODEL_KEY) -> dict[str, tuple[int, ...]]:
+    """``{name: shape}`` of the tensors of a DCP folder (under ``key``, the prefix removed)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = dcp.FileSystemReader(checkpoint_dir).read_metadata()
+    prefix = f"{key}."
+    shapes = {}
+    for name, item in metadata.state_dict_metadata.items():
+        if isinstance(item, TensorStorageMetadata):
+            shapes[name[len(prefix) :] if name.startswith(prefix) else name] = tuple(item.size)
+    return shapes
+
+
+def check_shapes(expected: Mapping[str, tuple[int, ...]], found: Mapping[str, tuple[int, ...]], source: str) -> None:
+    """Raise ``ValueError`` naming every tensor whose shape in ``found`` differs from the model's."""
+    wrong = [
+        f"{name}: checkpoint {tuple(found[name])}, model {tuple(shape)}"
+        for name, shape in expected.items()
+        if name in found and tuple(found[name]) != tuple(shape)
+    ]
+    if wrong:
+        raise ValueError(f"{source} does not fit the model: tensors of another shape: " + "; ".join(wrong))
+
+
+# -- sharded (DCP) checkpoints ---------------------------------------------------------------------------
+
+
+def save_sharded_model(model: torch.nn.Module, checkpoint_dir: str, local: bool = False) -> None:
+    """Write each rank's shards of the model into the DCP folder ``checkpoint_dir`` (collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    os.makedirs(checkpoint_dir, exist_ok=True)
+    with _local_state_dict(model, local):
+        state = model.state_dict() if local and _is_fsdp1(model) else get_model_state_dict(model)
+        dcp.save({MODEL_KEY: state}, checkpoint_id=checkpoint_dir)
+
+
+def load_sharded_model(model: torch.nn.Module, checkpoint_dir: str, strict: bool = True, local: bool = False) -> None:
+    """Read the DCP folder ``checkpoint_dir`` into the (sharded) model, on any number of processes.
+
+    Tensors whose saved shape differs from the model's are named before anything is read.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    if not os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
+        raise FileNotFoundError(f"{checkpoint_dir} is not a torch.distributed.checkpoint folder (no .metadata)")
+    if local and _is_fsdp1(model):
+        with _local_state_dict(model, True):
+            state = {MODEL_KEY: model.state_dict()}
+            dcp.load(state, checkpoint_id=checkpoint_dir)
+            model.load_state_dict(state[MODEL_KEY])
+        return
+    saved = saved_shapes(checkpoint_dir)
+    check_shapes(model_shapes(model), saved, f"sharded checkpoint {checkpoint_dir}")
+    state = get_model_state_dict(model)
+    if strict:
+        missing = sorted(set(state) - set(saved))
+        extra = sorted(set(saved) - set(state))
+        if missing or extra:
+            raise RuntimeError(
+                f"sharded checkpoint {checkpoint_dir} does not match the model {type(model).__name__}: "
+                f"missing keys {missing}, unexpected keys {extra}"
+            )
+    else:
+        state = {k: v for k, v in state.items() if k in saved}
+    dcp.load({MODEL_KEY: state}, checkpoint_id=checkpoint_dir)
+    set_model_state_dict(model, state, options=_options(strict=False))
+
+
+def save_sharded_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, checkpoint_dir: str) -> None:
+    """Write each rank's shards of the optimizer state into the DCP folder ``checkpoint_dir`` (collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    os.makedirs(checkpoint_dir, exist_ok=True)
+    dcp.save({OPTIMIZER_KEY: get_optimizer_state_dict(model, optimizer)}, checkpoint_id=checkpoint_dir)
+
+
+def load_sharded_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, checkpoint_dir: str) -> None:
+    """Read the DCP folder ``checkpoint_dir`` into the optimizer of the (sharded) model."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    if not os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
+        raise FileNotFoundError(f"{checkpoint_dir} is not a torch.distributed.checkpoint folder (no .metadata)")
+    state = {OPTIMIZER_KEY: get_optimizer_state_dict(model, optimizer)}
+    dcp.load(state, checkpoint_id=checkpoint_dir)
+    set_optimizer_state_dict(model, optimizer, state[OPTIMIZER_KEY])
