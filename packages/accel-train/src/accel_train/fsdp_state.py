@@ -240,6 +240,8 @@ def load_sharded_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimi
 
     if not os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
         raise FileNotFoundError(f"{checkpoint_dir} is not a torch.distributed.checkpoint folder (no .metadata)")
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
     state = {OPTIMIZER_KEY: get_optimizer_state_dict(model, optimizer)}
-    dcp.load(state, checkpoint_id=checkpoint_dir)
+    dcp.load(state, checkpoint_id=checkpoint_dir, planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
     set_optimizer_state_dict(model, optimizer, state[OPTIMIZER_KEY])
