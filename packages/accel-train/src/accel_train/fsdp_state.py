@@ -132,7 +132,26 @@ def load_full_optimizer_state_dict(
     """Load a full optimizer state dict (from :func:`full_optimizer_state_dict`) into the sharded optimizer."""
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-    set_optimizer_state_dict(model, optimizer, state_dict, options=_options(full_state_dict=True))
+    with _no_grads(optimizer):
+        set_optimizer_state_dict(model, optimizer, state_dict, options=_options(full_state_dict=True))
+
+
+@contextlib.contextmanager
+def _no_grads(optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """Hide the gradients of an optimizer without state, so that torch creates its state (a step with
+    zero gradients and zero learning rate) before loading into it; the gradients come back after."""
+    if optimizer.state:
+        yield
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    grads = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    try:
+        yield
+    finally:
+        for p, grad in zip(params, grads):
+            p.grad = grad
 
 
 # -- shapes ------------------------------------------------------------------------------------------
@@ -242,6 +261,7 @@ def load_sharded_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimi
         raise FileNotFoundError(f"{checkpoint_dir} is not a torch.distributed.checkpoint folder (no .metadata)")
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-    state = {OPTIMIZER_KEY: get_optimizer_state_dict(model, optimizer)}
+    with _no_grads(optimizer):
+        state = {OPTIMIZER_KEY: get_optimizer_state_dict(model, optimizer)}
     dcp.load(state, checkpoint_id=checkpoint_dir, planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
     set_optimizer_state_dict(model, optimizer, state[OPTIMIZER_KEY])
