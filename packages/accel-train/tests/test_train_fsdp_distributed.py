@@ -132,6 +132,111 @@ def rank_load_mismatch(folder: str, width: int) -> str:
     return "no error"
 
 
+OPTION_CASES = {
+    "fsdp2-baseline": {"fsdp_version": 2},
+    "fsdp1-activation-checkpointing": {"fsdp_version": 1, "activation_checkpointing": True},
+    "fsdp2-activation-checkpointing-forward-prefetch": {
+        "fsdp_version": 2,
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "activation_checkpointing": True,
+        "forward_prefetch": True,
+    },
+    "fsdp1-hybrid-shard": {"fsdp_version": 1, "sharding_strategy": "HYBRID_SHARD", "min_num_params": 200},
+    "fsdp1-no-shard": {"fsdp_version": 1, "sharding_strategy": "NO_SHARD"},
+    "fsdp1-cpu-offload-on-cpu": {"fsdp_version": 1, "cpu_offload": True},
+    "fsdp2-cpu-offload-on-cpu": {"fsdp_version": 2, "cpu_offload": True},
+    "fsdp1-flat-parameters": {
+        "fsdp_version": 1,
+        "use_orig_params": False,
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+    },
+}
+
+
+def rank_options() -> dict:
+    out = {}
+    for name, plugin_kwargs in OPTION_CASES.items():
+        accelerator = _fresh(plugin_kwargs)
+        torch.manual_seed(0)
+        model = BlockNet()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        _train(accelerator, model, optimizer, regression_batches(3, GLOBAL_BATCH))
+        modules = [type(m).__name__ for m in model.modules()]
+        out[name] = {
+            "state": accelerator.get_state_dict(model),
+            "checkpointed": sum(m.endswith("CheckpointWrapper") for m in modules),
+            "local": local_numel(model),
+            "total": num_params(BlockNet()),
+            "sharding": getattr(getattr(model, "sharding_strategy", None), "name", None),
+            "mesh": tuple(accelerator._strategy.device_mesh.shape),
+        }
+    return out
+
+
+def rank_mixed_precision() -> dict:
+    out = {}
+    for version in (1, 2):
+        accelerator = _fresh(
+            {"fsdp_version": version, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}, mixed_precision="bf16"
+        )
+        torch.manual_seed(0)
+        model = BlockNet()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        _train(accelerator, model, optimizer, regression_batches(3, GLOBAL_BATCH))
+        if version == 1:
+            param_dtype = model.mixed_precision.param_dtype
+        else:
+            param_dtype = model.blocks[0]._get_fsdp_state()._fsdp_param_group.mp_policy.param_dtype
+        out[version] = {"param_dtype": str(param_dtype), "state": accelerator.get_state_dict(model)}
+    accelerator = _fresh({"fsdp_version": 2}, mixed_precision="fp16", kwargs_handlers=[_scaler_kwargs()])
+    torch.manual_seed(0)
+    model = BlockNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    skipped = []
+    for x, y in regression_batches(6, GLOBAL_BATCH):
+        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        skipped.append(optimizer.step_was_skipped)
+        optimizer.zero_grad()
+    out["fp16"] = {
+        "scaler": type(accelerator.scaler).__name__,
+        "skipped": skipped,
+        "state": accelerator.get_state_dict(model),
+    }
+    return out
+
+
+def _scaler_kwargs():
+    from accel_train import GradScalerKwargs
+
+    return GradScalerKwargs(init_scale=2.0**40, backoff_factor=2.0**-10, growth_interval=1000)
+
+
+def rank_local_checkpoint(folder: str) -> dict:
+    accelerator = _fresh(
+        {"fsdp_version": 1, "state_dict_type": "LOCAL_STATE_DICT", "auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}
+    )
+    torch.manual_seed(0)
+    model = BlockNet()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    _train(accelerator, model, optimizer, regression_batches(2, GLOBAL_BATCH))
+    saved = accelerator.get_state_dict(model)
+    accelerator.save_state(folder)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.zero_()
+    accelerator.load_state(folder)
+    loaded = accelerator.get_state_dict(model)
+    return {
+        "files": sorted(os.listdir(os.path.join(folder, "pytorch_model_fsdp_0"))),
+        "equal": all(torch.equal(saved[k], loaded[k]) for k in saved),
+    }
+
+
 # -- tests ------------------------------------------------------------------------------------------
 
 
@@ -258,3 +363,36 @@ def test_sharded_checkpoint_of_two_ranks_loads_in_one_process(dist_pool: Distrib
     _close(accelerator.get_state_dict(model), saved[0]["state"])
     assert len(optimizer.state) == len(list(model.parameters()))
     reset_shared_state()
+
+
+def test_plugin_options_reach_the_model_and_train_alike(dist_pool: DistributedPool) -> None:
+    ranks = dist_pool.run(rank_options)
+    for facts in ranks:
+        baseline = facts["fsdp2-baseline"]["state"]
+        for name, case in facts.items():
+            _close(case["state"], baseline)
+        assert facts["fsdp1-activation-checkpointing"]["checkpointed"] == 2  # the model's _no_split_modules
+        assert facts["fsdp2-activation-checkpointing-forward-prefetch"]["checkpointed"] == 2
+        assert facts["fsdp1-hybrid-shard"]["sharding"] == "HYBRID_SHARD"
+        assert facts["fsdp1-hybrid-shard"]["mesh"] == (1, 2)
+        assert facts["fsdp1-no-shard"]["local"] == facts["fsdp1-no-shard"]["total"]
+        assert facts["fsdp1-flat-parameters"]["local"] < facts["fsdp1-flat-parameters"]["total"] * 0.6
+
+
+def test_mixed_precision_policies_and_sharded_scaler(dist_pool: DistributedPool) -> None:
+    ranks = dist_pool.run(rank_mixed_precision)
+    for facts in ranks:
+        assert facts[1]["param_dtype"] == facts[2]["param_dtype"] == "torch.bfloat16"
+        for name in facts[1]["state"]:
+            assert facts[1]["state"][name].dtype == torch.float32
+            assert torch.allclose(facts[1]["state"][name], facts[2]["state"][name], atol=2e-2), name
+        assert facts["fp16"]["scaler"] == "ShardedGradScaler"
+        assert facts["fp16"]["skipped"][0] is True and not all(facts["fp16"]["skipped"])
+    for name, tensor in ranks[0]["fp16"]["state"].items():
+        assert torch.equal(tensor, ranks[1]["fp16"]["state"][name]), name
+
+
+def test_local_state_dict_checkpoint(dist_pool: DistributedPool, tmp_path) -> None:
+    ranks = dist_pool.run(rank_local_checkpoint, str(tmp_path / "ckpt"))
+    assert ranks[0]["files"] == ["rank0.safetensors", "rank1.safetensors"]
+    assert ranks[0]["equal"] and ranks[1]["equal"]

@@ -205,9 +205,10 @@ def save_sharded_model(model: torch.nn.Module, checkpoint_dir: str, local: bool 
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     os.makedirs(checkpoint_dir, exist_ok=True)
-    with _local_state_dict(model, local):
-        state = model.state_dict() if local and _is_fsdp1(model) else get_model_state_dict(model)
-        dcp.save({MODEL_KEY: state}, checkpoint_id=checkpoint_dir)
+    if local and _is_fsdp1(model):
+        _save_local(model, checkpoint_dir)
+        return
+    dcp.save({MODEL_KEY: get_model_state_dict(model)}, checkpoint_id=checkpoint_dir)
 
 
 def load_sharded_model(model: torch.nn.Module, checkpoint_dir: str, strict: bool = True, local: bool = False) -> None:
@@ -218,14 +219,11 @@ def load_sharded_model(model: torch.nn.Module, checkpoint_dir: str, strict: bool
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+    if local and _is_fsdp1(model):
+        _load_local(model, checkpoint_dir)
+        return
     if not os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
         raise FileNotFoundError(f"{checkpoint_dir} is not a torch.distributed.checkpoint folder (no .metadata)")
-    if local and _is_fsdp1(model):
-        with _local_state_dict(model, True):
-            state = {MODEL_KEY: model.state_dict()}
-            dcp.load(state, checkpoint_id=checkpoint_dir)
-            model.load_state_dict(state[MODEL_KEY])
-        return
     saved = saved_shapes(checkpoint_dir)
     check_shapes(model_shapes(model), saved, f"sharded checkpoint {checkpoint_dir}")
     state = get_model_state_dict(model)
@@ -265,3 +263,60 @@ def load_sharded_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimi
         state = {OPTIMIZER_KEY: get_optimizer_state_dict(model, optimizer)}
     dcp.load(state, checkpoint_id=checkpoint_dir, planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
     set_optimizer_state_dict(model, optimizer, state[OPTIMIZER_KEY])
+
+
+# -- FSDP1 LOCAL_STATE_DICT: each rank's flat shards, one file per rank --------------------------------
+
+
+def _world() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _local_tensor(value: Any) -> Any:
+    if hasattr(value, "local_shards"):
+        shards = value.local_shards()
+        return shards[0].tensor if shards else torch.empty(0)
+    return value
+
+
+def _save_local(model: torch.nn.Module, checkpoint_dir: str) -> None:
+    from safetensors.torch import save_file
+
+    with _local_state_dict(model, True):
+        state = {k: _local_tensor(v).detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
+    path = os.path.join(checkpoint_dir, f"rank{_rank()}.safetensors")
+    save_file(state, path, metadata={"format": "pt", "world_size": str(_world())})
+
+
+def _load_local(model: torch.nn.Module, checkpoint_dir: str) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    path = os.path.join(checkpoint_dir, f"rank{_rank()}.safetensors")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"{checkpoint_dir} holds no LOCAL_STATE_DICT shard for rank {_rank()} ({path}); it was written by "
+            "another number of processes or with another state_dict_type"
+        )
+    with safe_open(path, framework="pt") as handle:
+        saved_world = int((handle.metadata() or {}).get("world_size", "0"))
+    if saved_world != _world():
+        raise ValueError(
+            f"{checkpoint_dir} is a LOCAL_STATE_DICT checkpoint of {saved_world} processes; it loads only on the "
+            f"same number (here {_world()}). Save with SHARDED_STATE_DICT to change the number of processes."
+        )
+    saved = load_file(path)
+    with _local_state_dict(model, True):
+        current = model.state_dict()
+        for name, value in current.items():
+            if name not in saved:
+                raise RuntimeError(f"{path} has no tensor {name!r} of the model")
+            target = _local_tensor(value)
+            if tuple(target.shape) != tuple(saved[name].shape):
+                raise ValueError(
+                    f"{path}: tensor {name} has shape {tuple(saved[name].shape)}, the model's shard {tuple(target.shape)}"
+                )
+            with torch.no_grad():
+                target.copy_(saved[name])  # the local shard is a view of the flat parameter: loaded in place

@@ -387,8 +387,7 @@ class FSDPStrategy(Strategy):
         for model in self._models:
             if _is_fsdp1(model) and ids & {id(p) for p in model.parameters()}:
                 return model.clip_grad_norm_(max_norm, norm_type)  # type: ignore[no-any-return]
-        norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        return _clip_mixed(parameters, max_norm, norm_type)
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -497,6 +496,23 @@ def _broadcast_from_rank0(model: torch.nn.Module, device: torch.device) -> None:
     with torch.no_grad():
         for tensor in (*model.parameters(), *model.buffers()):
             dist.broadcast(tensor.data, src=0)
+
+
+def _clip_mixed(parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor:
+    """Clip FSDP2 shards (DTensors) and parameters FSDP leaves alone (ignored modules) by one norm."""
+    sharded = [p for p in parameters if p.grad is not None and hasattr(p.grad, "full_tensor")]
+    plain = [p for p in parameters if p.grad is not None and not hasattr(p.grad, "full_tensor")]
+    if not sharded:
+        return torch.nn.utils.clip_grad_norm_(plain, max_norm, norm_type=norm_type)
+    norms = [torch.nn.utils.get_total_norm([p.grad for p in sharded], norm_type).full_tensor()]
+    if plain:
+        norms.append(torch.nn.utils.get_total_norm([p.grad for p in plain], norm_type).to(norms[0].device))
+    stacked = torch.stack([n.float() for n in norms])
+    total = stacked.max() if norm_type == float("inf") else stacked.pow(norm_type).sum().pow(1.0 / norm_type)
+    for group in (sharded, plain):
+        if group:
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+    return total
 
 
 def _checkpoint_parent(root: torch.nn.Module, unit: torch.nn.Module) -> torch.nn.Module:
