@@ -30,6 +30,15 @@ class FullyShardedDataParallelPlugin:
     Every field left ``None`` takes the value the launcher wrote (``FSDP_*`` variables), else the
     documented default. Choice fields accept the names of :mod:`accel_state.enums` (any case) or
     their 1-based numbers.
+
+    ``mixed_precision_policy`` takes torch's object of the version (``MixedPrecision`` for FSDP1,
+    ``MixedPrecisionPolicy`` for FSDP2), a dict of dtypes (``{"param_dtype": "bf16", ...}``) or one
+    dtype name; left ``None``, it follows the Accelerator's ``mixed_precision``. ``cpu_offload`` takes
+    a bool or torch's object of the version; on a machine without an accelerator the parameters already
+    live on the CPU, so offloading is skipped with a warning. ``ignored_modules`` takes modules or a
+    regular expression over submodule names. ``auto_wrap_policy`` left ``None`` becomes
+    TRANSFORMER_BASED_WRAP when ``transformer_cls_names_to_wrap`` is given in code, SIZE_BASED_WRAP when
+    ``min_num_params`` is.
     """
 
     fsdp_version: int | None = None
