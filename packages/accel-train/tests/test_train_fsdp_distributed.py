@@ -142,6 +142,7 @@ OPTION_CASES = {
         "forward_prefetch": True,
     },
     "fsdp1-hybrid-shard": {"fsdp_version": 1, "sharding_strategy": "HYBRID_SHARD", "min_num_params": 200},
+    "fsdp1-hybrid-shard-zero2": {"fsdp_version": 1, "sharding_strategy": "HYBRID_SHARD_ZERO2"},
     "fsdp1-no-shard": {"fsdp_version": 1, "sharding_strategy": "NO_SHARD"},
     "fsdp1-cpu-offload-on-cpu": {"fsdp_version": 1, "cpu_offload": True},
     "fsdp2-cpu-offload-on-cpu": {"fsdp_version": 2, "cpu_offload": True},
@@ -375,6 +376,7 @@ def test_plugin_options_reach_the_model_and_train_alike(dist_pool: DistributedPo
         assert facts["fsdp2-activation-checkpointing-forward-prefetch"]["checkpointed"] == 2
         assert facts["fsdp1-hybrid-shard"]["sharding"] == "HYBRID_SHARD"
         assert facts["fsdp1-hybrid-shard"]["mesh"] == (1, 2)
+        assert facts["fsdp1-hybrid-shard-zero2"]["sharding"] == "_HYBRID_SHARD_ZERO2"
         assert facts["fsdp1-no-shard"]["local"] == facts["fsdp1-no-shard"]["total"]
         assert facts["fsdp1-flat-parameters"]["local"] < facts["fsdp1-flat-parameters"]["total"] * 0.6
 

@@ -79,10 +79,8 @@ def full_model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    state = get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=False))
-    return {
-        name: tensor.detach().cpu() if isinstance(tensor, torch.Tensor) else tensor for name, tensor in state.items()
-    }
+    state: dict[str, Any] = get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=False))
+    return {name: t.detach().cpu() if isinstance(t, torch.Tensor) else t for name, t in state.items()}
 
 
 def load_full_model_state_dict(

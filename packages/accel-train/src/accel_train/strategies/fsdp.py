@@ -223,7 +223,8 @@ class FSDPStrategy(Strategy):
         ac_classes = self._ac_classes(model) if plugin.activation_checkpointing else ()
         strategy = plugin.sharding_strategy
         if isinstance(strategy, str):
-            strategy = ShardingStrategy[strategy]
+            # torch names HYBRID_SHARD_ZERO2 with a leading underscore.
+            strategy = ShardingStrategy[strategy if strategy in ShardingStrategy.__members__ else f"_{strategy}"]
         prefetch = plugin.backward_prefetch
         if isinstance(prefetch, str):
             prefetch = None if prefetch == "NO_PREFETCH" else BackwardPrefetch[prefetch]
@@ -386,7 +387,7 @@ class FSDPStrategy(Strategy):
         ids = {id(p) for p in parameters}
         for model in self._models:
             if _is_fsdp1(model) and ids & {id(p) for p in model.parameters()}:
-                return model.clip_grad_norm_(max_norm, norm_type)  # type: ignore[no-any-return]
+                return model.clip_grad_norm_(max_norm, norm_type)  # type: ignore[no-any-return, operator]
         return _clip_mixed(parameters, max_norm, norm_type)
 
     # -- state ------------------------------------------------------------------------------------
@@ -504,9 +505,11 @@ def _clip_mixed(parameters: list[torch.Tensor], max_norm: float, norm_type: floa
     plain = [p for p in parameters if p.grad is not None and not hasattr(p.grad, "full_tensor")]
     if not sharded:
         return torch.nn.utils.clip_grad_norm_(plain, max_norm, norm_type=norm_type)
-    norms = [torch.nn.utils.get_total_norm([p.grad for p in sharded], norm_type).full_tensor()]
+    sharded_grads: list[Any] = [p.grad for p in sharded]
+    plain_grads: list[Any] = [p.grad for p in plain]
+    norms = [torch.nn.utils.get_total_norm(sharded_grads, norm_type).full_tensor()]  # type: ignore[attr-defined]
     if plain:
-        norms.append(torch.nn.utils.get_total_norm([p.grad for p in plain], norm_type).to(norms[0].device))
+        norms.append(torch.nn.utils.get_total_norm(plain_grads, norm_type).to(norms[0].device))
     stacked = torch.stack([n.float() for n in norms])
     total = stacked.max() if norm_type == float("inf") else stacked.pow(norm_type).sum().pow(1.0 / norm_type)
     for group in (sharded, plain):
@@ -542,7 +545,7 @@ def _fsdp1_sync(model: Any) -> Iterator[None]:
     modules = FSDP.fsdp_modules(model)
     previous = [m._sync_gradients for m in modules]
     for m in modules:
-        m._sync_gradients = True
+        m._sync_gradients = True  # type: ignore[assignment]
     try:
         yield
     finally:
