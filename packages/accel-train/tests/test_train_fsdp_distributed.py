@@ -119,6 +119,19 @@ def rank_ram_efficient(version: int) -> dict:
     }
 
 
+def rank_save_mid_accumulation(folder: str) -> str:
+    accelerator = _fresh({"fsdp_version": 2}, gradient_accumulation_steps=2)
+    model = BlockNet()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    _train(accelerator, model, optimizer, regression_batches(1, GLOBAL_BATCH))
+    try:
+        accelerator.save_state(folder)
+    except ValueError as error:
+        return str(error)
+    return "saved"
+
+
 def rank_load_mismatch(folder: str, width: int) -> str:
     accelerator = _fresh({"fsdp_version": 2})
     accelerator.prepare(BlockNet(width=width))
@@ -398,3 +411,9 @@ def test_local_state_dict_checkpoint(dist_pool: DistributedPool, tmp_path) -> No
     ranks = dist_pool.run(rank_local_checkpoint, str(tmp_path / "ckpt"))
     assert ranks[0]["files"] == ["rank0.safetensors", "rank1.safetensors"]
     assert ranks[0]["equal"] and ranks[1]["equal"]
+
+
+def test_save_between_accumulation_steps_is_refused(dist_pool: DistributedPool, tmp_path) -> None:
+    messages = dist_pool.run(rank_save_mid_accumulation, str(tmp_path / "ckpt"))
+    assert all("between two optimizer steps of gradient accumulation" in m for m in messages)
+    assert not (tmp_path / "ckpt").exists()

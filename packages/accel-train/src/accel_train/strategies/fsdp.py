@@ -432,6 +432,16 @@ class FSDPStrategy(Strategy):
         }
 
     def checkpoint_weights(self, model: torch.nn.Module) -> dict[str, Any] | None:
+        from accel_state.state import GradientState
+
+        if self._distributed() and not GradientState().sync_gradients:
+            # FSDP keeps the gradients of skipped syncs unsharded inside its own buffers: they cannot be
+            # written and put back per parameter, so a resume from here would not be exact.
+            raise ValueError(
+                "save_state between two optimizer steps of gradient accumulation is not supported with FSDP "
+                "(the gradients gathered so far live in FSDP's unsharded buffers); call it after the "
+                "optimizer step of a sync step (when accelerator.sync_gradients is True)"
+            )
         return None if self._sharded_checkpoints else self.model_state_dict(model)
 
     def save_model_checkpoint(
