@@ -94,6 +94,7 @@ def rank_resume(plugin_kwargs: dict, folder: str, save_at: int | None, load: boo
     if save_at is not None and not load:
         accelerator.save_state(folder)
         out["files"] = sorted(os.listdir(folder))
+        accelerator.save_model(model, folder + "_model", max_shard_size="1KB")
     return out
 
 
@@ -330,6 +331,15 @@ def test_sharded_checkpoint_resume_and_merge(dist_pool: DistributedPool, tmp_pat
     assert sorted(os.listdir(os.path.join(folder, "optimizer_0"))) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     merged = merge_fsdp_weights(os.path.join(folder, "pytorch_model_fsdp_0"), str(tmp_path / "merged"))
     _close(load_weights(merged), saved[0]["state"])
+    # save_model from the sharded model: safetensors shards and their index.
+    import json
+
+    index = json.loads((tmp_path / "ckpt_model" / "model.safetensors.index.json").read_text())
+    pieces: dict = {}
+    for name in sorted(set(index["weight_map"].values())):
+        pieces.update(load_weights(str(tmp_path / "ckpt_model" / name)))
+    assert len(set(index["weight_map"].values())) > 1
+    _close(pieces, saved[0]["state"])
     resumed = dist_pool.run(rank_resume, plugin, folder, 2, True)
     for rank in range(2):
         _close(resumed[rank]["state"], uninterrupted[rank]["state"])
