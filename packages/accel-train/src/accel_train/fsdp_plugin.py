@@ -93,6 +93,8 @@ class FullyShardedDataParallelPlugin:
                 "sync_module_states": ("FSDP_SYNC_MODULE_STATES", True),
                 "forward_prefetch": ("FSDP_FORWARD_PREFETCH", False),
                 "activation_checkpointing": ("FSDP_ACTIVATION_CHECKPOINTING", False),
+                "activation_checkpointing_offload": ("FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD", False),
+                "ignored_modules": ("FSDP_IGNORED_MODULES", None),
                 "cpu_ram_efficient_loading": ("FSDP_CPU_RAM_EFFICIENT_LOADING", False),
                 "transformer_cls_names_to_wrap": ("FSDP_TRANSFORMER_CLS_TO_WRAP", None),
                 "min_num_params": ("FSDP_MIN_NUM_PARAMS", None),
