@@ -235,7 +235,9 @@ class NDParallelStrategy(Strategy):
         total = torch.linalg.vector_norm(torch.stack(norms), norm_type)
         coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         for param in parameters:
-            param.grad.mul_(coefficient.to(param.grad.device))
+            grad = param.grad
+            assert grad is not None  # kept above
+            grad.mul_(coefficient.to(grad.device))
         return total
 
     @contextlib.contextmanager
