@@ -80,7 +80,7 @@ def picture(device_map: dict[str, object]) -> str:
     devices: dict[object, list[str]] = {}
     for name, device in device_map.items():
         devices.setdefault(device, []).append(name)
-    return "\n".join(f"  {str(device):6} | {' '.join(names)}" for device, names in devices.items())
+    return "\n".join(f"  {device!s:6} | {' '.join(names)}" for device, names in devices.items())
 
 
 def generate(model: nn.Module, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
@@ -120,7 +120,10 @@ def main() -> None:
     if not on_disk:
         raise SystemExit("nothing was offloaded: lower --memory_fraction")
     index_path = os.path.join(offload, "index.json")
-    index = json.load(open(index_path)) if os.path.exists(index_path) else {}
+    index = {}
+    if os.path.exists(index_path):
+        with open(index_path) as handle:
+            index = json.load(handle)
     in_place = sum("safetensors_file" in entry for entry in index.values())
     copied = [f for f in os.listdir(offload) if f.endswith(".dat")] if os.path.isdir(offload) else []
     where = f"{in_place} weights read in place from the safetensors shards, {len(copied)} copied to {offload}"
