@@ -31,6 +31,7 @@ import pathlib
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -186,24 +187,30 @@ def run_block(block: Block, workdir: pathlib.Path) -> Outcome:
     script.write_text(block.code, encoding="utf-8")
     timeout = float(block.attributes.get("timeout") or DEFAULT_TIMEOUT)
     start = time.perf_counter()
+    # Its own process group: on a timeout every process it started (launched ranks too) is killed.
+    process = subprocess.Popen(
+        command_for(block, script),
+        cwd=workdir,
+        env=block_environment(workdir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        result = subprocess.run(
-            command_for(block, script),
-            cwd=workdir,
-            env=block_environment(workdir),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as error:
-        output = (error.stdout or "") + (error.stderr or "")
-        output = output.decode() if isinstance(output, bytes) else output
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
         return Outcome(block, "failed", time.perf_counter() - start, f"timed out after {timeout:.0f} s\n{output}")
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # nothing it started outlives it
+        except ProcessLookupError:
+            pass
     seconds = time.perf_counter() - start
-    output = result.stdout + result.stderr
-    if result.returncode != 0:
-        return Outcome(block, "failed", seconds, f"exit status {result.returncode}\n{output}")
+    if process.returncode != 0:
+        return Outcome(block, "failed", seconds, f"exit status {process.returncode}\n{output}")
     return Outcome(block, "ran", seconds, output)
 
 
