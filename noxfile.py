@@ -190,7 +190,9 @@ def docs(session: nox.Session) -> None:
     docs/*.md fails (tools/run_doc_examples.py; pages given as arguments run alone).
     """
     _install_local(session, *ORDER)
-    session.install(*_constraints(), "pdoc", "markdown2", "numpy", "safetensors", "tqdm", "tensorboard", "bitsandbytes", "deepspeed")
+    session.install(
+        *_constraints(), "pdoc", "markdown2", "numpy", "safetensors", "tqdm", "tensorboard", "bitsandbytes", "deepspeed"
+    )
     session.run("python", str(ROOT / "tools" / "check_docstrings.py"))
     out = ROOT / "docs" / "_build"
     session.run("pdoc", "-o", str(out / "api"), *[d.replace("-", "_") for d in ORDER])
