@@ -37,6 +37,7 @@ ORDER = [
     "faults",
     "state",
     "troubleshooting",
+    "compatibility",
     "cli",
     "architecture",
 ]
