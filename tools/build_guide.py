@@ -33,6 +33,7 @@ ORDER = [
     "trackers",
     "fsdp",
     "deepspeed",
+    "nd-parallelism",
     "quantization",
     "faults",
     "state",
