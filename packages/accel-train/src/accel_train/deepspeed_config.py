@@ -346,18 +346,20 @@ ENGINE_DEFAULTS: dict[str, Any] = {
 }
 
 
-def resolve_batch_sizes(config: dict[str, Any], micro: int | None, accumulation_steps: int, world_size: int) -> int:
+def resolve_batch_sizes(
+    config: dict[str, Any], micro: int | None, accumulation_steps: int, world_size: int, training: bool = True
+) -> int:
     """Fill the batch-size and accumulation ``"auto"`` values; returns the accumulation steps in force.
 
-    ``micro`` is the per-process batch size of the prepared loaders (``None``: none prepared). A
-    concrete ``train_micro_batch_size_per_gpu`` that differs from it is an error, as is a concrete
-    ``train_batch_size`` that is not ``micro * accumulation * world_size``.
+    ``micro`` is the per-process batch size of the prepared loaders (``None``: none prepared). When
+    ``training``, a concrete ``train_micro_batch_size_per_gpu`` that differs from it is an error, as
+    is a concrete ``train_batch_size`` that is not ``micro * accumulation * world_size``.
     """
     fill_auto(config, {"gradient_accumulation_steps": accumulation_steps})
     steps = get_value(config, "gradient_accumulation_steps", 1)
     steps = int(steps) if steps is not None else 1
     configured = get_value(config, "train_micro_batch_size_per_gpu", _MISSING)
-    if micro is not None and configured not in (_MISSING, AUTO) and int(configured) != micro:
+    if training and micro is not None and configured not in (_MISSING, AUTO) and int(configured) != micro:
         raise ValueError(
             f"the DeepSpeed config sets train_micro_batch_size_per_gpu={configured}, but the prepared DataLoader "
             f'gives each process batches of {micro}; make them agree (or set the config value to "auto")'

@@ -190,8 +190,10 @@ class DeepSpeedStrategy(Strategy):
         micro = dsc.micro_batch_size(
             [_per_process_batch(loader, num_processes) for loader in data_loaders], take_min=plugin.is_train_batch_min
         )
-        steps = dsc.resolve_batch_sizes(config, micro, gradient_state.num_steps, num_processes)
-        if steps != gradient_state.num_steps:
+        steps = dsc.resolve_batch_sizes(
+            config, micro, gradient_state.num_steps, num_processes, training=optimizer is not None
+        )
+        if optimizer is not None and steps != gradient_state.num_steps:
             # Documented: a concrete value of the DeepSpeed config wins over the Accelerator's.
             logger.info("gradient accumulation steps set to %d by the DeepSpeed config", steps)
             gradient_state.plugin_kwargs["num_steps"] = steps
