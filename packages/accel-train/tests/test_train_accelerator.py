@@ -15,7 +15,6 @@ from accel_train import (
     Accelerator,
     AutocastKwargs,
     BackendNotAvailableError,
-    DeepSpeedPlugin,
     FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
     GradScalerKwargs,
@@ -244,7 +243,6 @@ def test_fp8_says_it_needs_accel_quant() -> None:
     ("kwargs", "name"),
     [
         ({"fsdp_plugin": FullyShardedDataParallelPlugin()}, "FSDP"),
-        ({"deepspeed_plugin": DeepSpeedPlugin(zero_stage=2)}, "DeepSpeed"),
         ({"megatron_lm_plugin": MegatronLMPlugin(tp_degree=1)}, "Megatron-LM"),
     ],
 )

@@ -45,6 +45,18 @@ _export(
 _export("checkpointing", "CheckpointMismatchError")
 _export("checkpoint_io", "UnsafeCheckpointError")
 _export("merge", "merge_fsdp_weights")
+_export(
+    "deepspeed_utils",
+    "DeepSpeedEngineWrapper",
+    "DeepSpeedOptimizerWrapper",
+    "DeepSpeedSchedulerWrapper",
+    "DummyOptim",
+    "DummyScheduler",
+    "HfDeepSpeedConfig",
+    "deepspeed_required",
+    "get_active_deepspeed_plugin",
+    "map_pytorch_optim_to_deepspeed",
+)
 
 __all__ = ["__version__", *_EXPORTS]
 

@@ -146,12 +146,17 @@ class DeepSpeedPlugin:
             )
         self.deepspeed_config = self.hf_ds_config.config
         self.deepspeed_config["steps_per_print"] = float("inf")  # DeepSpeed prints nothing on its own
+        init_in_code = self.zero3_init_flag is not None
         if self.zero3_init_flag is None:
             self.zero3_init_flag = env_value("ACCELERATE_DEEPSPEED_ZERO3_INIT", None)
         if self.zero3_init_flag is None:
             self.zero3_init_flag = self.hf_ds_config.is_zero3()
         if self.zero3_init_flag and not self.hf_ds_config.is_zero3():
-            logger.warning("zero3_init_flag applies to ZeRO stage 3 only; it is turned off for this plugin")
+            stage = self.hf_ds_config.get_value("zero_optimization.stage")
+            if init_in_code:
+                raise ValueError(f"{_NAME}.zero3_init_flag needs ZeRO stage 3, but the stage is {stage}")
+            # From a launch config (the documented ZeRO-2 example sets it): not applicable, so off.
+            logger.warning("zero3_init_flag applies to ZeRO stage 3 only (stage is %s); it is turned off", stage)
             self.zero3_init_flag = False
         if self.enable_msamp and "msamp" not in self.deepspeed_config:
             self.deepspeed_config["msamp"] = {"enabled": True, "opt_level": self.msamp_opt_level or "O1"}
