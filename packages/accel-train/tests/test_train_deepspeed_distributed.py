@@ -364,3 +364,85 @@ def test_teacher_and_student_under_two_plugins(ds_pool: DistributedPool) -> None
     assert result["teacher_frozen"]
     assert result["teacher_buckets"] == 8 * 8
     assert result["losses"][-1] < result["losses"][0]
+
+
+# -- ZeRO-3 construction, and bad input that needs an engine ------------------------------------------
+
+
+def rank_zero3_init() -> dict:
+    reset_shared_state()
+    from accel_train import Accelerator, DeepSpeedPlugin
+
+    plugin = DeepSpeedPlugin(zero_stage=3, zero3_init_flag=True, zero3_save_16bit_model=True)
+    accelerator = Accelerator(deepspeed_plugin=plugin)
+    with accelerator.state.deepspeed_plugin.zero3_init_context_manager(enable=plugin.zero3_init_flag):
+        model = _model()
+    partitioned = all(hasattr(p, "ds_id") and p.numel() == 0 for p in model.parameters())
+    full_sizes = sorted(p.ds_numel for p in model.parameters())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, _loader())
+    _train(accelerator, model, optimizer, loader, steps=2)
+    state = _full_state(accelerator, model)
+    return {
+        "partitioned": partitioned,
+        "full_sizes": full_sizes,
+        "shapes": {k: tuple(v.shape) for k, v in state.items()},
+    }
+
+
+def test_zero3_init_builds_models_partitioned(ds_pool: DistributedPool) -> None:
+    result = ds_pool.run(rank_zero3_init)[0]
+    assert result["partitioned"]
+    assert result["full_sizes"] == [1, 16, 16, 64]
+    assert result["shapes"] == {"0.weight": (16, 4), "0.bias": (16,), "2.weight": (1, 16), "2.bias": (1,)}
+
+
+def rank_bad_input(case: str) -> str:
+    reset_shared_state()
+    from accel_train import Accelerator, DeepSpeedPlugin
+
+    if case == "zero3_without_16bit":
+        accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+        model = _model()
+        model, optimizer, _ = accelerator.prepare(model, torch.optim.AdamW(model.parameters()), _loader())
+        try:
+            accelerator.save_model(model, "unused")
+        except ValueError as error:
+            return str(error)
+        return "no error"
+    if case == "micro_batch":
+        plugin = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 8})
+        accelerator = Accelerator(deepspeed_plugin=plugin)
+        model = _model()
+        try:
+            accelerator.prepare(model, torch.optim.AdamW(model.parameters()), _loader())
+        except ValueError as error:
+            return str(error)
+        return "no error"
+    if case == "untested_optimizer":
+        # A client optimizer DeepSpeed does not test with ZeRO: allowed, as documented.
+        plugin = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 2}, "gradient_clipping": 0.0})
+        accelerator = Accelerator(deepspeed_plugin=plugin)
+        model = _model()
+        before = [p.detach().clone() for p in model.parameters()]
+        model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), _loader())
+        _train(accelerator, model, optimizer, loader, steps=2)
+        after = list(accelerator.get_state_dict(model).values())
+        moved = any(not torch.equal(a, b) for a, b in zip(before, after))
+        return f"trained={moved} allow={plugin.deepspeed_config['zero_allow_untested_optimizer']}"
+    raise AssertionError(case)
+
+
+def test_zero3_save_model_without_16bit_export_says_how_to_gather(ds_pool: DistributedPool) -> None:
+    message = ds_pool.run(rank_bad_input, "zero3_without_16bit")[0]
+    assert "zero3_save_16bit_model=True" in message and "stage3_gather_16bit_weights_on_model_save" in message
+    assert "zero_to_fp32.py" in message
+
+
+def test_micro_batch_size_contradicting_the_loader(ds_pool: DistributedPool) -> None:
+    message = ds_pool.run(rank_bad_input, "micro_batch")[0]
+    assert "train_micro_batch_size_per_gpu=8, but the prepared DataLoader gives each process batches of 4" in message
+
+
+def test_untested_client_optimizer_is_allowed_with_zero(ds_pool: DistributedPool) -> None:
+    assert ds_pool.run(rank_bad_input, "untested_optimizer")[0] == "trained=True allow=True"

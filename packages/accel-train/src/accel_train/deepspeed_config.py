@@ -359,6 +359,8 @@ def resolve_batch_sizes(
     steps = get_value(config, "gradient_accumulation_steps", 1)
     steps = int(steps) if steps is not None else 1
     configured = get_value(config, "train_micro_batch_size_per_gpu", _MISSING)
+    if configured is _MISSING and get_value(config, "train_batch_size", _MISSING) is _MISSING:
+        configured = AUTO  # neither batch key given: the loader's, as for "auto"
     if training and micro is not None and configured not in (_MISSING, AUTO) and int(configured) != micro:
         raise ValueError(
             f"the DeepSpeed config sets train_micro_batch_size_per_gpu={configured}, but the prepared DataLoader "
