@@ -410,3 +410,17 @@ def test_accelerator_takes_mixed_precision_from_the_config() -> None:
                 hf_ds_config={"bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}
             ),
         )
+
+
+def test_engine_precision_does_no_autocast_and_no_scaling() -> None:
+    from accel_train.precisions.amp import AutocastPrecision
+    from accel_train.strategies.deepspeed import DeepSpeedStrategy, EnginePrecision
+
+    assert DeepSpeedStrategy.precision_for(AutocastPrecision, "bf16") is EnginePrecision
+    precision = EnginePrecision("bf16", torch.device("cpu"))
+    assert not precision.native_amp and precision.scaler is None and precision.state_dict() is None
+    model = torch.nn.Linear(2, 2)
+    assert precision.convert_module(model) is model
+    # Until the connector asks precision_for, the scaler factory keeps fp16 without a torch scaler.
+    factory = DeepSpeedStrategy.grad_scaler_factory()
+    assert factory is not None and factory("cpu") is None

@@ -232,17 +232,21 @@ class DeepSpeedPlugin:
         return deepspeed.zero.Init(config_dict_or_path=_init_config(self.deepspeed_config))  # type: ignore[no-any-return]
 
     def set_deepspeed_weakref(self) -> None:
-        """Register this config with Transformers (when installed), so that ``from_pretrained`` builds
-        models under ``deepspeed.zero.Init`` while ZeRO-3 init is on."""
-        from accel_state.imports import is_transformers_available
+        """Register this config with Transformers when the script uses it (``transformers`` imported),
+        so that ``from_pretrained`` builds models under ``deepspeed.zero.Init`` while ZeRO-3 init is on.
 
-        if not is_transformers_available():
+        accel does not depend on Transformers: a script that never imported it has nothing to register.
+        """
+        import sys
+
+        transformers = sys.modules.get("transformers")
+        if transformers is None:
             return
         try:
-            from transformers.integrations import HfDeepSpeedConfig as TransformersDeepSpeedConfig
-        except ImportError:  # pragma: no cover - very old transformers
+            config_class = transformers.integrations.HfDeepSpeedConfig
+        except (AttributeError, ImportError):  # pragma: no cover - a Transformers without the integration
             return
-        self._dschf = TransformersDeepSpeedConfig(_init_config(self.deepspeed_config))
+        self._dschf = config_class(_init_config(self.deepspeed_config))
 
     def set_moe_leaf_modules(self, model: Any) -> None:
         """Mark the MoE layers named in ``transformer_moe_cls_names`` as ZeRO-3 leaf modules."""

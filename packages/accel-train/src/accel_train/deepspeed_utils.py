@@ -246,7 +246,7 @@ class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
     @property
     def step_was_skipped(self) -> bool:
         """True when the engine skipped its last update because fp16 gradients overflowed."""
-        return bool(self.optimizer.overflow) if self._reports_overflow else False
+        return bool(getattr(self.optimizer, "overflow", False)) if self._reports_overflow else False
 
     def __repr__(self) -> str:
         return f"DeepSpeedOptimizerWrapper({type(self.optimizer).__name__})"

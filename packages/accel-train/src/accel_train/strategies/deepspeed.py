@@ -304,7 +304,7 @@ class DeepSpeedStrategy(Strategy):
     def unscale_gradients(self, optimizers: Iterable[Any]) -> None:
         """Nothing: the engine unscales fp16 gradients in its step."""
 
-    def clip_grad_norm_(
+    def clip_grad_norm_(  # type: ignore[override]
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float, optimizers: Iterable[Any]
     ) -> torch.Tensor | None:
         """The engine clips in its step (``gradient_clipping`` of the config); returns the norm it measured."""
