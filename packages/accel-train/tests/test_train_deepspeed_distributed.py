@@ -316,7 +316,7 @@ STUDENT_CONFIG = {
 }
 
 
-def rank_distillation() -> dict:
+def rank_distillation(folder: str) -> dict:
     reset_shared_state()
     from accel_train import Accelerator, DeepSpeedPlugin
     from accel_train.deepspeed_utils import get_active_deepspeed_plugin
@@ -347,7 +347,24 @@ def rank_distillation() -> dict:
         optimizer.step()
         optimizer.zero_grad()
     teacher_after = _full_state(accelerator, teacher)
+    student_after = _full_state(accelerator, student)
+    # Both engines go into one checkpoint (the frozen ZeRO-3 teacher as gathered weights) and come back.
+    accelerator.save_state(folder)
+    for engine in (student, teacher):
+        for param in engine.module.parameters():
+            if hasattr(param, "ds_id"):
+                with __import__("deepspeed").zero.GatheredParameters([param], modifier_rank=0):
+                    param.data.zero_()
+            else:
+                param.data.zero_()
+    accelerator.load_state(folder)
+    teacher_back = _full_state(accelerator, teacher)
+    student_back = _full_state(accelerator, student)
+    restored = all(torch.equal(teacher_back[k], v) for k, v in teacher_after.items()) and all(
+        torch.equal(student_back[k], v) for k, v in student_after.items()
+    )
     return {
+        "restored": restored,
         "first_active": first_active,
         "teacher_active": teacher_active,
         "stages": (student.zero_optimization_stage(), teacher.zero_optimization_stage()),
@@ -357,8 +374,9 @@ def rank_distillation() -> dict:
     }
 
 
-def test_teacher_and_student_under_two_plugins(ds_pool: DistributedPool) -> None:
-    result = ds_pool.run(rank_distillation)[0]
+def test_teacher_and_student_under_two_plugins(ds_pool: DistributedPool, tmp_path) -> None:
+    result = ds_pool.run(rank_distillation, str(tmp_path / "ckpt"))[0]
+    assert result["restored"]
     assert result["first_active"] and result["teacher_active"]
     assert result["stages"] == (2, 3)
     assert result["teacher_frozen"]

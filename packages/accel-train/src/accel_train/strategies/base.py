@@ -239,6 +239,11 @@ class Strategy:
         """Context sharding ``buffers`` over context-parallel ranks (nothing without context parallelism)."""
         return contextlib.nullcontext()
 
+    def ulysses_dl_adapter(self, dataloader: Any, model: Any) -> Any:
+        """The data loader adapted for the backend's sequence parallelism (the same loader without it);
+        behind ``Accelerator.deepspeed_ulysses_dl_adapter``."""
+        return dataloader
+
     def unscale_gradients(self, optimizers: Iterable[Any]) -> None:
         """Divide scaled gradients by the scale, once per optimizer."""
         for optimizer in optimizers:

@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 _MODEL_TAG = "pytorch_model"
 _OPTIMIZER_MARKER = "deepspeed_optimizer"
+_FROZEN_WEIGHTS = "model.safetensors"
 
 
 class EnginePrecision(Precision):
@@ -386,6 +387,13 @@ class DeepSpeedStrategy(Strategy):
         if engine is None:
             raise ValueError("save_state under DeepSpeed saves models prepared by this Accelerator (DeepSpeed engines)")
         tag = _engine_tag(index)
+        if _is_frozen_zero3(engine):
+            # DeepSpeed writes nothing for a ZeRO-3 engine without optimizer: gather and write the weights.
+            weights = gather_zero3_state_dict(engine.module)
+            if is_writer:
+                os.makedirs(os.path.join(folder, tag), exist_ok=True)
+                self.checkpoint_io.save_weights(weights, os.path.join(folder, tag, _FROZEN_WEIGHTS), True)
+            return tag
         engine.save_checkpoint(folder, tag=tag, client_state={}, save_latest=False)
         return tag
 
@@ -395,6 +403,10 @@ class DeepSpeedStrategy(Strategy):
         engine = self._engine_of(model)
         if engine is None:
             raise ValueError("load_state under DeepSpeed loads into models prepared by this Accelerator")
+        frozen = os.path.join(folder, entry, _FROZEN_WEIGHTS)
+        if _is_frozen_zero3(engine) and os.path.isfile(frozen):
+            load_zero3_state_dict(engine.module, self.checkpoint_io.load_weights(frozen, "cpu"), strict)
+            return
         path, _ = engine.load_checkpoint(
             folder,
             tag=entry,
@@ -524,6 +536,41 @@ def gather_zero3_state_dict(module: torch.nn.Module) -> dict[str, Any]:
             if buffer is not None and name not in sub._non_persistent_buffers_set:
                 state[head + name] = buffer.detach().cpu().clone()
     return state
+
+
+def _is_frozen_zero3(engine: Any) -> bool:
+    """A ZeRO-3 engine prepared without optimizer (inference, a frozen teacher)."""
+    return engine.zero_optimization_partition_weights() and type(engine.optimizer).__name__ == "DeepSpeedZeRoOffload"
+
+
+def load_zero3_state_dict(module: torch.nn.Module, state: dict[str, Any], strict: bool = True) -> None:
+    """Copy a full state dict into a ZeRO-3 partitioned module, one submodule at a time (every rank
+    calls it; rank 0's values are partitioned to all)."""
+    import deepspeed
+    import torch.distributed as dist
+
+    expected = set()
+    for prefix, sub in module.named_modules():
+        head = f"{prefix}." if prefix else ""
+        params = [p for p in sub.parameters(recurse=False)]
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+            if dist.get_rank() == 0:
+                for name, param in sub._parameters.items():
+                    if param is not None and head + name in state:
+                        param.data.copy_(state[head + name])
+        for name, param in sub._parameters.items():
+            if param is not None:
+                expected.add(head + name)
+        for name, buffer in sub._buffers.items():
+            if buffer is not None and name not in sub._non_persistent_buffers_set:
+                expected.add(head + name)
+                if head + name in state:
+                    buffer.data.copy_(state[head + name])
+    if strict and set(state) != expected:
+        raise KeyError(
+            f"state dict does not match the model: missing {sorted(expected - set(state))}, "
+            f"unexpected {sorted(set(state) - expected)}"
+        )
 
 
 def _free_port() -> int:
