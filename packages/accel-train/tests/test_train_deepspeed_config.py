@@ -424,3 +424,16 @@ def test_engine_precision_does_no_autocast_and_no_scaling() -> None:
     # Until the connector asks precision_for, the scaler factory keeps fp16 without a torch scaler.
     factory = DeepSpeedStrategy.grad_scaler_factory()
     assert factory is not None and factory("cpu") is None
+
+
+def test_ulysses_adapter_leaves_loaders_alone_without_sequence_parallelism() -> None:
+    from accel_train.strategies.base import Strategy
+    from accel_train.strategies.deepspeed import DeepSpeedStrategy, EnginePrecision
+
+    loader = torch.utils.data.DataLoader(list(range(4)))
+    state = SimpleNamespace(parallelism_config=None, device=torch.device("cpu"))
+    strategy = DeepSpeedStrategy(state, EnginePrecision("no", torch.device("cpu")))
+    assert strategy.ulysses_dl_adapter(loader, torch.nn.Linear(1, 1)) is loader
+    state.parallelism_config = SimpleNamespace(sp_enabled=True, sp_backend="torch")
+    assert strategy.ulysses_dl_adapter(loader, torch.nn.Linear(1, 1)) is loader
+    assert Strategy(state, EnginePrecision("no", torch.device("cpu"))).ulysses_dl_adapter(loader, None) is loader
