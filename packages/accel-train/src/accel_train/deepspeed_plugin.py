@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from accel_state.enums import ZERO_STAGES, MSAMPOptLevel, OffloadDevice
@@ -48,7 +48,6 @@ class DeepSpeedPlugin:
     transformer_moe_cls_names: str | None = None
     enable_msamp: bool | None = None
     msamp_opt_level: str | None = None
-    deepspeed_config: dict[str, Any] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         from accel_train.deepspeed_utils import HfDeepSpeedConfig
@@ -144,7 +143,8 @@ class DeepSpeedPlugin:
                     zero3_save_16bit_model=bool(self.zero3_save_16bit_model),
                 )
             )
-        self.deepspeed_config = self.hf_ds_config.config
+        #: The DeepSpeed config dict (the one the engine receives; prepare fills its "auto" values).
+        self.deepspeed_config: dict[str, Any] = self.hf_ds_config.config
         self.deepspeed_config["steps_per_print"] = float("inf")  # DeepSpeed prints nothing on its own
         init_in_code = self.zero3_init_flag is not None
         if self.zero3_init_flag is None:
