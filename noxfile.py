@@ -163,7 +163,7 @@ def trackers(session: nox.Session) -> None:
 @nox.session(tags=["ci"])
 def integration(session: nox.Session) -> None:
     """End-to-end runs through the real ``accel launch``: multi-process, multi-machine, resume, offload."""
-    _install_local(session, *ORDER, extras={"accel": "test"})
+    _install_local(session, *ORDER, extras={"accel": "test", "accel-train": "deepspeed"})
     session.install(*_constraints(), "numpy", "safetensors", "tqdm", "psutil")
     _pytest(session, "integration", str(ROOT / "integration_tests"))
 

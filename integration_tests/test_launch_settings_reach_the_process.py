@@ -30,7 +30,8 @@ _SCRIPT = textwrap.dedent(
     elif what == "deepspeed":
         from accel_train.deepspeed_plugin import DeepSpeedPlugin
         plugin = DeepSpeedPlugin()
-        out.update({f.name: getattr(plugin, f.name) for f in dataclasses.fields(plugin)})
+        out.update({f.name: getattr(plugin, f.name) for f in dataclasses.fields(plugin)
+                    if isinstance(getattr(plugin, f.name), (str, int, float, bool, list, type(None)))})
         out["use_deepspeed"] = os.environ.get("ACCELERATE_USE_DEEPSPEED")
     elif what == "fp8":
         from accel_train.kwargs_handlers import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs

@@ -15,7 +15,6 @@ from accel_train import (
     Accelerator,
     AutocastKwargs,
     BackendNotAvailableError,
-    DeepSpeedPlugin,
     GradientAccumulationPlugin,
     GradScalerKwargs,
     MegatronLMPlugin,
@@ -242,7 +241,6 @@ def test_fp8_says_it_needs_accel_quant() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [
-        ({"deepspeed_plugin": DeepSpeedPlugin(zero_stage=2)}, "DeepSpeed"),
         ({"megatron_lm_plugin": MegatronLMPlugin(tp_degree=1)}, "Megatron-LM"),
     ],
 )

@@ -374,13 +374,16 @@ def test_deepspeed_plugin_reads_every_launcher_variable(monkeypatch: pytest.Monk
     assert (plugin.gradient_accumulation_steps, plugin.gradient_clipping) == (4, 0.5)
 
 
-def test_deepspeed_plugin_defaults_and_config_file(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_deepspeed_plugin_defaults_and_config_file(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     plugin = DeepSpeedPlugin()
     assert (plugin.zero_stage, plugin.offload_optimizer_device, plugin.offload_param_device) == (2, "none", "none")
-    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", "/configs/ds.json")
+    config_file = tmp_path / "ds.json"
+    config_file.write_text('{"zero_optimization": {"stage": 3}}')
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(config_file))
     from_file = DeepSpeedPlugin()
     # With a config file, the file decides what the launcher did not set.
-    assert from_file.hf_ds_config == "/configs/ds.json" and from_file.zero_stage is None
+    assert from_file.hf_ds_config.is_zero3() and from_file.zero_stage is None
+    assert from_file.deepspeed_config["zero_optimization"]["stage"] == 3
     with pytest.raises(ValueError, match="zero_stage=5 is not valid; choose one of \\[0, 1, 2, 3\\]"):
         DeepSpeedPlugin(zero_stage=5)
     with pytest.raises(ValueError, match="offload_param_device='gpu' is not valid"):

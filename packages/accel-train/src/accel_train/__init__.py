@@ -62,6 +62,16 @@ _export(
     "fsdp2_canonicalize_names",
     "fsdp2_switch_optimizer_parameters",
     "ensure_weights_retied",
+    "deepspeed_utils",
+    "DeepSpeedEngineWrapper",
+    "DeepSpeedOptimizerWrapper",
+    "DeepSpeedSchedulerWrapper",
+    "DummyOptim",
+    "DummyScheduler",
+    "HfDeepSpeedConfig",
+    "deepspeed_required",
+    "get_active_deepspeed_plugin",
+    "map_pytorch_optim_to_deepspeed",
 )
 
 __all__ = ["__version__", *_EXPORTS]

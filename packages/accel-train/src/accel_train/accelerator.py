@@ -465,6 +465,15 @@ class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin)
             for sampler, value in saved:
                 sampler.even_batches = value
 
+    def deepspeed_ulysses_dl_adapter(self, dl: Any, model: Any) -> Any:
+        """The data loader adapted to the strategy's sequence parallelism (DeepSpeed Ulysses), or as it is."""
+        return self._strategy.ulysses_dl_adapter(dl, model)
+
+    @property
+    def deepspeed_engine_wrapped(self) -> Any:
+        """The DeepSpeed engine wrapper of the prepared model (``None`` outside DeepSpeed)."""
+        return getattr(self._strategy, "engine_wrapper", None)
+
     # -- models -----------------------------------------------------------------------------------
 
     def unwrap_model(

@@ -223,6 +223,7 @@ def build(
         strategy_cls = None  # refused at prepare time, so that configs are still checked here
     if strategy_cls is not None:
         strategy_cls.validate(state, precision_cls, mode)
+        precision_cls = strategy_cls.precision_for(precision_cls, mode)
     precision = precision_cls(
         mode,
         state.device,

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from accel_state.enums import ZERO_STAGES, MSAMPOptLevel, OffloadDevice
+from accel_train import deepspeed_config as dsc
 from accel_train.plugin_env import env_value, fill_from_env
 
 __all__ = ["DeepSpeedPlugin"]
+
+logger = logging.getLogger(__name__)
 
 _NAME = "DeepSpeedPlugin"
 
@@ -22,8 +27,11 @@ def _check(name: str, value: Any, choices: list[Any] | tuple[Any, ...]) -> None:
 class DeepSpeedPlugin:
     """Settings of DeepSpeed (ZeRO stage, offload, a JSON config file or dict).
 
-    Fields left ``None`` take the values the launcher wrote (``ACCELERATE_DEEPSPEED_*``); without a
-    config file, unset ones get the documented defaults (ZeRO-2, no offload).
+    Fields left ``None`` take the values the launcher wrote (``ACCELERATE_DEEPSPEED_*``). Without a
+    config file the fields *are* the configuration (documented defaults: ZeRO-2, no offload). With
+    ``hf_ds_config`` (a JSON path, a dict or an :class:`~accel_train.deepspeed_utils.HfDeepSpeedConfig`)
+    the file is the configuration and the fields only fill its ``"auto"`` values; the rest of the
+    ``"auto"`` values are filled by ``prepare``. The finished dict is :attr:`deepspeed_config`.
     """
 
     hf_ds_config: Any = None
@@ -42,6 +50,8 @@ class DeepSpeedPlugin:
     msamp_opt_level: str | None = None
 
     def __post_init__(self) -> None:
+        from accel_train.deepspeed_utils import HfDeepSpeedConfig
+
         fill_from_env(
             self,
             {
@@ -51,9 +61,11 @@ class DeepSpeedPlugin:
                 "transformer_moe_cls_names": ("ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES", None),
             },
         )
+        if self.hf_ds_config in ("none", ""):
+            self.hf_ds_config = None
+        given_in_code = {name for name in dsc.PLUGIN_TO_CONFIG if getattr(self, name) is not None}
         if isinstance(self.transformer_moe_cls_names, list):
             self.transformer_moe_cls_names = ",".join(self.transformer_moe_cls_names)
-        # Without a config file the plugin is the configuration: documented defaults fill the gaps.
         with_file = self.hf_ds_config is not None
         fill_from_env(
             self,
@@ -75,8 +87,6 @@ class DeepSpeedPlugin:
                 "zero3_save_16bit_model": ("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", None if with_file else False),
             },
         )
-        if self.zero3_init_flag is None:
-            self.zero3_init_flag = env_value("ACCELERATE_DEEPSPEED_ZERO3_INIT", None)
         _check("zero_stage", self.zero_stage, ZERO_STAGES)
         for name in ("offload_optimizer_device", "offload_param_device"):
             value = getattr(self, name)
@@ -84,8 +94,6 @@ class DeepSpeedPlugin:
                 setattr(self, name, value.lower())
             _check(name, getattr(self, name), OffloadDevice.list())
         _check("msamp_opt_level", self.msamp_opt_level, MSAMPOptLevel.list())
-        if self.zero3_init_flag and self.zero_stage not in (None, 3):
-            raise ValueError(f"{_NAME}.zero3_init_flag needs zero_stage=3, got zero_stage={self.zero_stage}")
         if (
             self.hf_ds_config is not None
             and not isinstance(self.hf_ds_config, (str, dict))
@@ -94,11 +102,216 @@ class DeepSpeedPlugin:
             raise TypeError(
                 f"{_NAME}.hf_ds_config must be a path to a JSON file or a dict, got {type(self.hf_ds_config)}"
             )
+        if with_file:
+            dsc.check_config_file_fields(env_value("ACCELERATE_CONFIG_DS_FIELDS", None))
+            self.hf_ds_config = HfDeepSpeedConfig(self.hf_ds_config)
+            config = self.hf_ds_config.config
+            if "zero_optimization" not in config:
+                raise ValueError(
+                    f"the DeepSpeed config {self._source()} has no `zero_optimization` section; add one "
+                    '(e.g. {"zero_optimization": {"stage": 2}})'
+                )
+            config.setdefault("gradient_accumulation_steps", 1)
+            # The plugin's fields (from code or the launcher) resolve the file's "auto" values; a value
+            # given on purpose (in code, or a launcher flag other than its default) that contradicts a
+            # concrete value of the file is an error rather than silently ignored.
+            explicit = {
+                name: value
+                for name, value in self._field_values(by_field=True).items()
+                if name in given_in_code or _launcher_explicit(name, value)
+            }
+            conflicts = dsc.fill_auto(
+                config, {dsc.PLUGIN_TO_CONFIG[name]: value for name, value in explicit.items()}, must_match=True
+            )
+            if conflicts:
+                raise ValueError(
+                    f"the DeepSpeed config {self._source()} contradicts settings given to the plugin or as "
+                    "`accel launch` flags:\n  - " + "\n  - ".join(conflicts) + "\nGive each setting once: set it "
+                    'to "auto" in the JSON file to take the flag, or drop the flag / plugin argument.'
+                )
+            dsc.fill_auto(config, self._field_values())
+        else:
+            self.hf_ds_config = HfDeepSpeedConfig(
+                dsc.config_from_fields(
+                    zero_stage=self.zero_stage if self.zero_stage is not None else 2,
+                    gradient_accumulation_steps=self.gradient_accumulation_steps,
+                    gradient_clipping=self.gradient_clipping,
+                    offload_optimizer_device=self.offload_optimizer_device,
+                    offload_param_device=self.offload_param_device,
+                    offload_optimizer_nvme_path=self.offload_optimizer_nvme_path,
+                    offload_param_nvme_path=self.offload_param_nvme_path,
+                    zero3_save_16bit_model=bool(self.zero3_save_16bit_model),
+                )
+            )
+        #: The DeepSpeed config dict (the one the engine receives; prepare fills its "auto" values).
+        self.deepspeed_config: dict[str, Any] = self.hf_ds_config.config
+        self.deepspeed_config["steps_per_print"] = float("inf")  # DeepSpeed prints nothing on its own
+        init_in_code = self.zero3_init_flag is not None
+        if self.zero3_init_flag is None:
+            self.zero3_init_flag = env_value("ACCELERATE_DEEPSPEED_ZERO3_INIT", None)
+        if self.zero3_init_flag is None:
+            self.zero3_init_flag = self.hf_ds_config.is_zero3()
+        if self.zero3_init_flag and not self.hf_ds_config.is_zero3():
+            stage = self.hf_ds_config.get_value("zero_optimization.stage")
+            if init_in_code:
+                raise ValueError(f"{_NAME}.zero3_init_flag needs ZeRO stage 3, but the stage is {stage}")
+            # From a launch config (the documented ZeRO-2 example sets it): not applicable, so off.
+            logger.warning("zero3_init_flag applies to ZeRO stage 3 only (stage is %s); it is turned off", stage)
+            self.zero3_init_flag = False
+        if self.enable_msamp and "msamp" not in self.deepspeed_config:
+            self.deepspeed_config["msamp"] = {"enabled": True, "opt_level": self.msamp_opt_level or "O1"}
         self.selected = False
+        self._dschf: Any = None
+
+    # -- reading the config ---------------------------------------------------------------------------
+
+    def _source(self) -> str:
+        return "given as a dict" if not isinstance(self.hf_ds_config, str) else self.hf_ds_config
+
+    def _field_values(self, by_field: bool = False) -> dict[str, Any]:
+        """Config key (or field name) -> value of every field that is set."""
+        return {
+            (name if by_field else key): getattr(self, name)
+            for name, key in dsc.PLUGIN_TO_CONFIG.items()
+            if getattr(self, name) is not None
+        }
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The DeepSpeed config dict (the same object as :attr:`deepspeed_config`)."""
+        return self.deepspeed_config
+
+    def get_value(self, ds_key_long: str, default: Any = None) -> Any:
+        """The config value at dotted ``ds_key_long``."""
+        return dsc.get_value(self.deepspeed_config, ds_key_long, default)
+
+    def is_auto(self, ds_key_long: str) -> bool:
+        """True when the config value at dotted ``ds_key_long`` is still ``"auto"``."""
+        return dsc.is_auto(self.deepspeed_config, ds_key_long)
+
+    def fill_match(
+        self, ds_key_long: str, mismatches: list[str] | None = None, must_match: bool = True, **kwargs: Any
+    ) -> None:
+        """Fill ``"auto"`` at ``ds_key_long`` with ``kwargs[ds_key_long]``; with ``must_match``, a
+        different concrete value is appended to ``mismatches``."""
+        if ds_key_long not in kwargs:
+            return
+        found = dsc.fill_auto(self.deepspeed_config, {ds_key_long: kwargs[ds_key_long]}, must_match=must_match)
+        if mismatches is not None:
+            mismatches.extend(found)
+
+    def deepspeed_config_process(
+        self, prefix: str = "", mismatches: Any = None, config: Any = None, must_match: bool = True, **kwargs: Any
+    ) -> None:
+        """Fill every ``"auto"`` named in ``kwargs`` (dotted keys); with ``must_match``, a concrete
+        value that differs is an error listing all of them."""
+        found = dsc.fill_auto(self.deepspeed_config, kwargs, must_match=must_match)
+        if mismatches is not None:
+            mismatches.extend(found)
+        elif found:
+            raise ValueError(
+                "the DeepSpeed config contradicts the run's settings:\n  - "
+                + "\n  - ".join(found)
+                + '\nChange the config value, or set it to "auto" to take the run\'s.'
+            )
+
+    def set_mixed_precision(self, mixed_precision: str) -> None:
+        """Make the config's fp16 / bf16 sections follow ``mixed_precision`` (an error when they contradict it)."""
+        dsc.resolve_mixed_precision(self.deepspeed_config, str(mixed_precision))
+
+    # -- ZeRO-3 construction ------------------------------------------------------------------------
+
+    def zero3_init_context_manager(self, enable: bool = False) -> contextlib.AbstractContextManager[Any]:
+        """``deepspeed.zero.Init`` over this config when ``enable`` and ZeRO-3 (else a no-op context):
+        modules built inside are created partitioned over the processes."""
+        if not enable or not self.hf_ds_config.is_zero3():
+            return contextlib.nullcontext()
+        from accel_train.deepspeed_utils import import_deepspeed
+
+        deepspeed = import_deepspeed()
+        return deepspeed.zero.Init(config_dict_or_path=_init_config(self.deepspeed_config))  # type: ignore[no-any-return]
+
+    def set_deepspeed_weakref(self) -> None:
+        """Register this config with Transformers when the script uses it (``transformers`` imported),
+        so that ``from_pretrained`` builds models under ``deepspeed.zero.Init`` while ZeRO-3 init is on.
+
+        accel does not depend on Transformers: a script that never imported it has nothing to register.
+        """
+        import sys
+
+        transformers = sys.modules.get("transformers")
+        if transformers is None:
+            return
+        try:
+            config_class = transformers.integrations.HfDeepSpeedConfig
+        except (AttributeError, ImportError):  # pragma: no cover - a Transformers without the integration
+            return
+        self._dschf = config_class(_init_config(self.deepspeed_config))
+
+    def set_moe_leaf_modules(self, model: Any) -> None:
+        """Mark the MoE layers named in ``transformer_moe_cls_names`` as ZeRO-3 leaf modules."""
+        if not self.transformer_moe_cls_names:
+            return
+        names = [name.strip() for name in self.transformer_moe_cls_names.split(",") if name.strip()]
+        classes = {type(module) for module in model.modules() if type(module).__name__ in names}
+        missing = sorted(set(names) - {cls.__name__ for cls in classes})
+        if missing:
+            raise ValueError(f"transformer_moe_cls_names names classes that are not in the model: {missing}")
+        from deepspeed.utils import set_z3_leaf_modules
+
+        set_z3_leaf_modules(model, sorted(classes, key=lambda cls: cls.__name__))
+
+    # -- several plugins ----------------------------------------------------------------------------
 
     def select(self, _from_accelerator_state: bool = False) -> None:
-        """Make this plugin the active one (with several plugins)."""
+        """Make this plugin the active one (with several plugins); use
+        ``AcceleratorState().select_deepspeed_plugin(name)`` rather than calling it directly."""
+        if not _from_accelerator_state:
+            raise ValueError(
+                "select a DeepSpeed plugin through the state: `accelerator.state.select_deepspeed_plugin(name)`"
+            )
         self.selected = True
+        if self.zero3_init_flag:
+            self.set_deepspeed_weakref()
 
     def _unselect(self) -> None:
         self.selected = False
+        self._dschf = None
+
+
+#: Plugin field -> the variable the launcher writes it to.
+_FIELD_ENV = {
+    "gradient_accumulation_steps": "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
+    "gradient_clipping": "ACCELERATE_GRADIENT_CLIPPING",
+    "zero_stage": "ACCELERATE_DEEPSPEED_ZERO_STAGE",
+    "offload_optimizer_device": "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE",
+    "offload_param_device": "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE",
+    "offload_optimizer_nvme_path": "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH",
+    "offload_param_nvme_path": "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH",
+    "zero3_save_16bit_model": "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL",
+}
+
+
+def _launcher_explicit(name: str, value: Any) -> bool:
+    """True when the launcher wrote a value for field ``name`` that is not its flag's default."""
+    from accel_state import env_vars
+
+    variable = _FIELD_ENV[name]
+    return env_value(variable, None) is not None and value != env_vars.spec(variable).default
+
+
+def _init_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``config`` that ``deepspeed.zero.Init`` accepts before prepare filled its ``"auto"``
+    values: those are dropped (DeepSpeed's defaults apply while building), batch size 1 stands in."""
+    import copy
+
+    ready = copy.deepcopy(config)
+    for key in list(dsc.auto_keys(ready)):
+        *parents, last = key.split(".")
+        node = ready
+        for part in parents:
+            node = node[part]
+        del node[last]
+    if "train_micro_batch_size_per_gpu" not in ready and "train_batch_size" not in ready:
+        ready["train_micro_batch_size_per_gpu"] = 1
+    return ready

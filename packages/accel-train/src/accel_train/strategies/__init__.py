@@ -24,12 +24,12 @@ STRATEGIES: dict[str, str] = {
     "single_device": "accel_train.strategies.single_device:SingleDeviceStrategy",
     "ddp": "accel_train.strategies.ddp:DDPStrategy",
     "fsdp": "accel_train.strategies.fsdp:FSDPStrategy",
+    "deepspeed": "accel_train.strategies.deepspeed:DeepSpeedStrategy",
     "nd_parallel": "accel_train.strategies.nd_parallel:NDParallelStrategy",
 }
 
 #: Documented backends whose strategy is not registered: what to tell the user.
 _NOT_YET: dict[str, str] = {
-    "deepspeed": "DeepSpeed (deepspeed_plugin)",
     "megatron_lm": "Megatron-LM (megatron_lm_plugin)",
     "xla": "XLA / TPU training",
 }
@@ -63,6 +63,8 @@ def strategy_name(distributed_type: DistributedType, parallelism_config: Any = N
     A ``ParallelismConfig`` with tensor, context or sharded-data dimensions asks for the ND-parallel
     strategy whatever the distributed type.
     """
+    if distributed_type == DistributedType.DEEPSPEED:
+        return "deepspeed"  # DeepSpeed runs its own sequence parallelism (Ulysses, sp_size)
     if parallelism_config is not None and not getattr(parallelism_config, "is_trivial", True):
         return "nd_parallel"
     if distributed_type in DDP_TYPES:

@@ -118,6 +118,15 @@ class Strategy:
         return None
 
     @classmethod
+    def precision_for(cls, precision_cls: type[Precision], mode: str) -> type[Precision]:
+        """The precision class to build for ``mode`` under this strategy (default: the registered one).
+
+        A backend that does mixed precision itself (DeepSpeed's engine) gives a class without
+        autocast or gradient scaler.
+        """
+        return precision_cls
+
+    @classmethod
     def validate(cls, state: Any, precision_cls: type[Precision], mode: str) -> None:
         """Raise when this strategy cannot run with the configuration (called once by the connector)."""
 
@@ -229,6 +238,11 @@ class Strategy:
     ) -> contextlib.AbstractContextManager[Any]:
         """Context sharding ``buffers`` over context-parallel ranks (nothing without context parallelism)."""
         return contextlib.nullcontext()
+
+    def ulysses_dl_adapter(self, dataloader: Any, model: Any) -> Any:
+        """The data loader adapted for the backend's sequence parallelism (the same loader without it);
+        behind ``Accelerator.deepspeed_ulysses_dl_adapter``."""
+        return dataloader
 
     def unscale_gradients(self, optimizers: Iterable[Any]) -> None:
         """Divide scaled gradients by the scale, once per optimizer."""

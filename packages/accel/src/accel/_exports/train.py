@@ -74,3 +74,18 @@ _FSDP_UTILS = [
 ]
 UTILS.update({name: f"{_T}.fsdp_utils" for name in _FSDP_UTILS})
 MODULES["accel.utils.fsdp_utils"] = f"{_T}.fsdp_utils"
+# DeepSpeed (accel-train's deepspeed strategy): the documented helpers under accel.utils and the
+# accel.utils.deepspeed module path.
+_DEEPSPEED = [
+    "DeepSpeedEngineWrapper",
+    "DeepSpeedOptimizerWrapper",
+    "DeepSpeedSchedulerWrapper",
+    "DummyOptim",
+    "DummyScheduler",
+    "HfDeepSpeedConfig",
+    "deepspeed_required",
+    "get_active_deepspeed_plugin",
+    "map_pytorch_optim_to_deepspeed",
+]
+UTILS.update({name: f"{_T}.deepspeed_utils" for name in _DEEPSPEED})
+MODULES["accel.utils.deepspeed"] = f"{_T}.deepspeed_utils"

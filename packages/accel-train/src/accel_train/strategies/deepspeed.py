@@ -1,0 +1,581 @@
+"""DeepSpeed: ZeRO stages 0-3 (with CPU / NVMe offload) through DeepSpeed's engine.
+
+One ``prepare`` call hands one model, with its optimizer and scheduler, to ``deepspeed.initialize``
+after the active plugin's config has had its ``"auto"`` values filled from what the call sees. The
+engine then owns the step: ``accelerator.backward`` runs ``engine.backward`` and, at accumulation
+boundaries, ``engine.step`` (clipping, optimizer, scheduler, zero_grad); the optimizer and scheduler
+that ``prepare`` returns only report. Checkpoints are the engine's own, written inside the
+checkpoint folder that ``save_state`` publishes atomically.
+
+Mixed precision is the engine's business too (the config's ``fp16`` / ``bf16`` sections): the
+precision object does no autocast and has no gradient scaler under this strategy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from accel_train import deepspeed_config as dsc
+from accel_train.deepspeed_utils import (
+    DeepSpeedEngineWrapper,
+    DeepSpeedOptimizerWrapper,
+    DeepSpeedSchedulerWrapper,
+    DummyOptim,
+    DummyScheduler,
+    import_deepspeed,
+    map_pytorch_optim_to_deepspeed,
+)
+from accel_train.precisions.base import Precision
+from accel_train.strategies.base import CheckpointEntry, Prepared, Strategy
+
+__all__ = ["DeepSpeedStrategy", "EnginePrecision"]
+
+logger = logging.getLogger(__name__)
+
+_MODEL_TAG = "pytorch_model"
+_OPTIMIZER_MARKER = "deepspeed_optimizer"
+_FROZEN_WEIGHTS = "model.safetensors"
+
+
+class EnginePrecision(Precision):
+    """The precision under DeepSpeed: the engine casts the model and scales the loss itself, so there is
+    no autocast and no gradient scaler here; ``mode`` only reports what the config trains in."""
+
+    modes: ClassVar[tuple[str, ...]] = ("no", "fp16", "bf16")
+
+    @property
+    def native_amp(self) -> bool:
+        return False
+
+
+def _no_scaler(*args: Any, **kwargs: Any) -> None:
+    """Gradient-scaler factory giving none: DeepSpeed's fp16 loss scaler lives in the engine."""
+    return None
+
+
+def _engine_tag(index: int) -> str:
+    return _MODEL_TAG if index == 0 else f"{_MODEL_TAG}_{index}"
+
+
+def _optimizer_marker(index: int) -> str:
+    return f"{_OPTIMIZER_MARKER}.json" if index == 0 else f"{_OPTIMIZER_MARKER}_{index}.json"
+
+
+def _is_engine(model: Any) -> bool:
+    return type(model).__name__ in ("DeepSpeedEngine", "PipelineEngine") and hasattr(model, "module")
+
+
+class DeepSpeedStrategy(Strategy):
+    """ZeRO data parallelism through ``deepspeed.initialize`` and the engine's step and checkpoints."""
+
+    name = "deepspeed"
+    is_sharded = True
+    backend_steps_optimizer = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.engines: list[Any] = []
+        self.engine_wrapper: DeepSpeedEngineWrapper | None = None
+        self._engine_optimizers: dict[int, Any] = {}
+        self._engine_schedulers: set[int] = set()
+        self._pristine: dict[int, dict[str, Any]] = {}
+        self._clip_warned = False
+
+    # -- before the strategy exists ------------------------------------------------------------------
+
+    @classmethod
+    def grad_scaler_factory(cls) -> Callable[..., Any] | None:
+        return _no_scaler
+
+    @classmethod
+    def precision_for(cls, precision_cls: type[Precision], mode: str) -> type[Precision]:
+        return EnginePrecision
+
+    @classmethod
+    def validate(cls, state: Any, precision_cls: type[Precision], mode: str) -> None:
+        """DeepSpeed is installed; every plugin's fp16 / bf16 sections agree with ``mixed_precision``.
+
+        As documented, a config that enables fp16 or bf16 itself decides the run's mixed precision.
+        """
+        import_deepspeed()
+        if mode == "fp8":
+            raise ValueError("mixed_precision='fp8' is not available with DeepSpeed in accel; use 'bf16' or 'fp16'")
+        for plugin in (state.deepspeed_plugins or {}).values():
+            plugin.set_mixed_precision(mode)
+        effective = dsc.effective_mixed_precision(state.deepspeed_plugin.deepspeed_config)
+        if effective != state.mixed_precision and "_mixed_precision" in state.__dict__:
+            state._mixed_precision = effective
+        active = state.deepspeed_plugin
+        if active.zero3_init_flag:
+            active.set_deepspeed_weakref()
+
+    # -- set-up -------------------------------------------------------------------------------------
+
+    @property
+    def plugin(self) -> Any:
+        """The active DeepSpeed plugin."""
+        return self.state.deepspeed_plugin
+
+    def setup(
+        self,
+        models: Sequence[torch.nn.Module],
+        optimizers: Sequence[torch.optim.Optimizer],
+        schedulers: Sequence[Any],
+        device_placement: Sequence[bool],
+        evaluation_mode: bool = False,
+        data_loaders: Sequence[Any] = (),
+    ) -> Prepared:
+        if not models:
+            if optimizers or schedulers:
+                raise ValueError(
+                    "under DeepSpeed the optimizer and scheduler are set up with their model: pass the model, "
+                    "optimizer and scheduler to the same `accelerator.prepare` call"
+                )
+            return Prepared([], [], [])
+        if len(models) > 1 or len(optimizers) > 1 or len(schedulers) > 1:
+            raise ValueError(
+                f"a DeepSpeed engine holds one model, one optimizer and one scheduler, but this `prepare` call got "
+                f"{len(models)} model(s), {len(optimizers)} optimizer(s) and {len(schedulers)} scheduler(s); "
+                "prepare each model in its own call (several models: one DeepSpeedPlugin per model, selected "
+                "with `accelerator.state.select_deepspeed_plugin(name)` before each call)"
+            )
+        model = models[0]
+        optimizer = optimizers[0] if optimizers else None
+        scheduler = schedulers[0] if schedulers else None
+        plugin = self.plugin
+        config = self._resolved_config(plugin, model, optimizer, scheduler, data_loaders)
+        engine, ds_optimizer, ds_scheduler = self._initialize(config, model, optimizer, scheduler)
+        plugin.deepspeed_config.clear()
+        plugin.deepspeed_config.update(config)
+        self.engines.append(engine)
+        out_optimizers: list[Any] = []
+        if optimizer is not None:
+            self._engine_optimizers[id(ds_optimizer)] = engine
+            out_optimizers.append(ds_optimizer)
+            if self.engine_wrapper is None:
+                self.engine_wrapper = DeepSpeedEngineWrapper(engine)
+            else:
+                logger.warning(
+                    "a second trained DeepSpeed engine was prepared on this Accelerator; accelerator.backward "
+                    "steps the first one. Train each model with its own Accelerator (see 'Using multiple "
+                    "models with DeepSpeed')."
+                )
+        out_schedulers: list[Any] = []
+        if scheduler is not None:
+            if ds_scheduler is not None:
+                self._engine_schedulers.add(id(ds_scheduler))
+                out_schedulers.append(ds_scheduler)
+            else:
+                out_schedulers.append(scheduler)
+        return Prepared([engine], out_optimizers, out_schedulers)
+
+    def _resolved_config(
+        self, plugin: Any, model: torch.nn.Module, optimizer: Any, scheduler: Any, data_loaders: Sequence[Any]
+    ) -> dict[str, Any]:
+        """The plugin's config with every ``"auto"`` filled from this call; errors name what is wrong."""
+        pristine = self._pristine.setdefault(id(plugin), copy.deepcopy(plugin.deepspeed_config))
+        config = copy.deepcopy(pristine)
+        _check_stand_ins(config, optimizer, scheduler)
+        num_processes = self.state.num_processes
+        from accel_state.state import GradientState
+
+        gradient_state = GradientState()
+        micro = dsc.micro_batch_size(
+            [_per_process_batch(loader, num_processes) for loader in data_loaders], take_min=plugin.is_train_batch_min
+        )
+        steps = dsc.resolve_batch_sizes(
+            config, micro, gradient_state.num_steps, num_processes, training=optimizer is not None
+        )
+        if optimizer is not None and steps != gradient_state.num_steps:
+            # Documented: a concrete value of the DeepSpeed config wins over the Accelerator's.
+            logger.info("gradient accumulation steps set to %d by the DeepSpeed config", steps)
+            gradient_state.plugin_kwargs["num_steps"] = steps
+        values: dict[str, Any] = {
+            "gradient_clipping": plugin.gradient_clipping if plugin.gradient_clipping not in (None, "auto") else None,
+            "zero_optimization.stage3_gather_16bit_weights_on_model_save": plugin.zero3_save_16bit_model,
+        }
+        values.update(dsc.hidden_size_values(config, model))
+        if isinstance(optimizer, DummyOptim):
+            values["optimizer.params.lr"] = optimizer.lr
+            values["optimizer.params.weight_decay"] = optimizer.weight_decay
+            values.update({f"optimizer.params.{key}": value for key, value in optimizer.kwargs.items()})
+        if isinstance(scheduler, DummyScheduler) and scheduler.lr_scheduler_callable is None:
+            inner = scheduler.optimizer
+            defaults = getattr(inner, "defaults", None)
+            max_lr = defaults["lr"] if isinstance(defaults, dict) and "lr" in defaults else getattr(inner, "lr", None)
+            values.update(
+                dsc.scheduler_values(
+                    max_lr,
+                    scheduler.warmup_num_steps,
+                    scheduler.total_num_steps,
+                    num_processes,
+                    _split_batches(data_loaders),
+                )
+            )
+        dsc.fill_auto(config, values)
+        dsc.fill_auto(config, dsc.ENGINE_DEFAULTS)
+        left = list(dsc.auto_keys(config))
+        if left:
+            raise dsc.unresolved_error(left)
+        stage = dsc.get_value(config, "zero_optimization.stage", 0)
+        if isinstance(optimizer, torch.optim.Optimizer) and not isinstance(optimizer, DummyOptim) and stage:
+            # As documented: a client optimizer is allowed with ZeRO (DeepSpeed tests only a few).
+            config.setdefault("zero_allow_untested_optimizer", True)
+        return config
+
+    def _initialize(
+        self, config: dict[str, Any], model: torch.nn.Module, optimizer: Any, scheduler: Any
+    ) -> tuple[Any, Any, Any]:
+        deepspeed = import_deepspeed()
+        self._ensure_comm(deepspeed)
+        self.plugin.set_moe_leaf_modules(model)
+        kwargs: dict[str, Any] = {"model": model, "config": config, "dist_init_required": False}
+        engine_scheduler = False
+        if optimizer is not None:
+            if isinstance(optimizer, DummyOptim):
+                kwargs["model_parameters"] = optimizer.params
+            else:
+                offload = dsc.get_value(config, "zero_optimization.offload_optimizer.device", "none")
+                if offload not in (None, "none") and config.get("zero_force_ds_cpu_optimizer", True):
+                    optimizer = map_pytorch_optim_to_deepspeed(optimizer)
+                kwargs["optimizer"] = optimizer
+        if isinstance(scheduler, DummyScheduler):
+            if scheduler.lr_scheduler_callable is not None:
+                kwargs["lr_scheduler"] = scheduler.lr_scheduler_callable
+            engine_scheduler = True
+        elif scheduler is not None:
+            from deepspeed.runtime.lr_schedules import VALID_LR_SCHEDULES
+
+            if type(scheduler).__name__ in VALID_LR_SCHEDULES:
+                kwargs["lr_scheduler"] = scheduler
+                engine_scheduler = True
+        engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(**kwargs)
+        return engine, ds_optimizer, ds_scheduler if engine_scheduler else None
+
+    def _ensure_comm(self, deepspeed: Any) -> None:
+        """DeepSpeed's communication layer over the run's process group (started for one process too)."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+            os.environ.setdefault("RANK", str(self.state.process_index))
+            os.environ.setdefault("LOCAL_RANK", str(self.state.local_process_index))
+            os.environ.setdefault("WORLD_SIZE", str(self.state.num_processes))
+        backend = getattr(self.state, "backend", None) or ("nccl" if self.device.type == "cuda" else "gloo")
+        if not deepspeed.comm.is_initialized():
+            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+
+    def wrap_optimizer(self, optimizer: Any, device_placement: bool) -> Any:
+        if id(optimizer) in self._engine_optimizers:
+            return DeepSpeedOptimizerWrapper(optimizer)
+        return super().wrap_optimizer(optimizer, device_placement)
+
+    def wrap_scheduler(self, scheduler: Any, optimizers: Any, step_with_optimizer: bool, split_batches: bool) -> Any:
+        if id(scheduler) in self._engine_schedulers:
+            return DeepSpeedSchedulerWrapper(scheduler, optimizers)
+        return super().wrap_scheduler(scheduler, optimizers, step_with_optimizer, split_batches)
+
+    # -- training step ------------------------------------------------------------------------------
+
+    def backward(self, loss: torch.Tensor, accumulation_steps: int = 1, **kwargs: Any) -> None:
+        """``engine.backward`` (the engine divides by its accumulation steps), then ``engine.step`` when
+        gradients sync (the accumulation boundary)."""
+        if self.engine_wrapper is None:
+            raise RuntimeError(
+                "accelerator.backward under DeepSpeed needs a model prepared together with its optimizer "
+                "(a DeepSpeed engine that trains); none was prepared on this Accelerator"
+            )
+        from accel_state.state import GradientState
+
+        self.engine_wrapper.backward(loss, sync_gradients=GradientState().sync_gradients, **kwargs)
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Nothing to enter: the engine knows the accumulation boundary from ``backward``."""
+        return contextlib.nullcontext()
+
+    def unscale_gradients(self, optimizers: Iterable[Any]) -> None:
+        """Nothing: the engine unscales fp16 gradients in its step."""
+
+    def clip_grad_norm_(  # type: ignore[override]
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float, optimizers: Iterable[Any]
+    ) -> torch.Tensor | None:
+        """The engine clips in its step (``gradient_clipping`` of the config); returns the norm it measured."""
+        clipping = dsc.get_value(self.plugin.deepspeed_config, "gradient_clipping", 0.0)
+        if not self._clip_warned and float(clipping or 0.0) != float(max_norm):
+            logger.warning(
+                "under DeepSpeed the engine clips gradients to the config's gradient_clipping=%s, not to "
+                "max_norm=%s; set gradient_clipping in the DeepSpeed config (or the plugin)",
+                clipping,
+                max_norm,
+            )
+            self._clip_warned = True
+        if self.engine_wrapper is None:
+            return None
+        norm = self.engine_wrapper.get_global_grad_norm()
+        return None if norm is None else torch.tensor(norm)
+
+    def clip_grad_value_(
+        self, parameters: Iterable[torch.Tensor], clip_value: float, optimizers: Iterable[Any]
+    ) -> None:
+        raise ValueError(
+            "DeepSpeed clips gradients by norm only: use `accelerator.clip_grad_norm_` and set gradient_clipping "
+            "in the DeepSpeed config"
+        )
+
+    # -- models and their state -----------------------------------------------------------------------
+
+    def _engine_of(self, model: Any) -> Any:
+        if _is_engine(model):
+            return model
+        for engine in self.engines:
+            if engine.module is model:
+                return engine
+        return None
+
+    def model_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """The full state dict; under ZeRO-3 gathered from every rank (all ranks call this), which needs
+        the 16-bit export to be enabled, as documented."""
+        engine = self._engine_of(model)
+        if engine is None or engine.zero_optimization_stage() < 3:
+            module = engine.module if engine is not None else model
+            return {
+                name: value.detach().clone() if isinstance(value, torch.Tensor) else value
+                for name, value in module.state_dict().items()
+            }
+        if not engine.zero_gather_16bit_weights_on_model_save():
+            raise ValueError(
+                "the model's weights are partitioned by ZeRO-3 and the 16-bit export is off, so the full state "
+                "dict cannot be gathered: set `zero_optimization.stage3_gather_16bit_weights_on_model_save: true` "
+                "in the DeepSpeed config (or `zero3_save_16bit_model=True` in the plugin / --zero3_save_16bit_model "
+                "true). For fp32 weights, save with `accelerator.save_state(dir)` (or `model.save_checkpoint(dir)`) "
+                "and run DeepSpeed's `zero_to_fp32.py` in the checkpoint folder, or call "
+                "`deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(dir)`."
+            )
+        return gather_zero3_state_dict(engine.module)
+
+    # -- checkpoints (the engine's own, inside the atomic folder) ------------------------------------------
+
+    def checkpoint_entries(self) -> dict[str, CheckpointEntry]:
+        return {
+            "model": CheckpointEntry(rf"^{_MODEL_TAG}(?:_(\d+))?$", _engine_tag),
+            "optimizer": CheckpointEntry(rf"^{_OPTIMIZER_MARKER}(?:_(\d+))?\.json$", _optimizer_marker),
+        }
+
+    def checkpoint_weights(self, model: torch.nn.Module) -> dict[str, Any] | None:
+        return None
+
+    def save_model_checkpoint(
+        self,
+        model: torch.nn.Module,
+        weights: dict[str, Any] | None,
+        folder: str,
+        index: int,
+        safe_serialization: bool,
+        is_writer: bool,
+    ) -> str | None:
+        """``engine.save_checkpoint(folder, tag)`` on every rank: model, optimizer partitions, engine scheduler."""
+        engine = self._engine_of(model)
+        if engine is None:
+            raise ValueError("save_state under DeepSpeed saves models prepared by this Accelerator (DeepSpeed engines)")
+        tag = _engine_tag(index)
+        if _is_frozen_zero3(engine):
+            # DeepSpeed writes nothing for a ZeRO-3 engine without optimizer: gather and write the weights.
+            weights = gather_zero3_state_dict(engine.module)
+            if is_writer:
+                os.makedirs(os.path.join(folder, tag), exist_ok=True)
+                self.checkpoint_io.save_weights(weights, os.path.join(folder, tag, _FROZEN_WEIGHTS), True)
+            return tag
+        engine.save_checkpoint(folder, tag=tag, client_state={}, save_latest=False)
+        return tag
+
+    def load_model_checkpoint(
+        self, model: torch.nn.Module, folder: str, entry: str, device: Any, strict: bool = True
+    ) -> None:
+        engine = self._engine_of(model)
+        if engine is None:
+            raise ValueError("load_state under DeepSpeed loads into models prepared by this Accelerator")
+        frozen = os.path.join(folder, entry, _FROZEN_WEIGHTS)
+        if _is_frozen_zero3(engine) and os.path.isfile(frozen):
+            load_zero3_state_dict(engine.module, self.checkpoint_io.load_weights(frozen, "cpu"), strict)
+            return
+        path, _ = engine.load_checkpoint(
+            folder,
+            tag=entry,
+            load_module_strict=strict,
+            load_optimizer_states=engine.optimizer is not None,
+            load_lr_scheduler_states=engine.lr_scheduler is not None,
+        )
+        if path is None:
+            raise FileNotFoundError(f"DeepSpeed found no checkpoint {entry!r} in {folder}")
+
+    def save_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, is_writer: bool) -> str | None:
+        """The engine saved the optimizer partitions with its model; a small JSON file says where."""
+        name = _optimizer_marker(index)
+        inner = getattr(optimizer, "optimizer", optimizer)
+        engine = self._engine_optimizers.get(id(inner))
+        position = next((i for i, e in enumerate(self.engines) if e is engine), None)
+        if is_writer:
+            with open(os.path.join(folder, name), "w", encoding="utf-8") as handle:
+                json.dump(
+                    {
+                        "saved_in": _engine_tag(position) if position is not None else None,
+                        "zero_stage": engine.zero_optimization_stage() if engine is not None else None,
+                        "optimizer": type(inner).__name__,
+                    },
+                    handle,
+                )
+        return name
+
+    def load_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, map_location: Any) -> None:
+        """Nothing more to read: the engine loaded the optimizer partitions with its model."""
+
+    # -- sequence parallelism ---------------------------------------------------------------------------
+
+    def ulysses_dl_adapter(self, dataloader: Any, model: Any) -> Any:
+        """The data loader adapted for DeepSpeed Ulysses sequence parallelism (the same loader when the
+        parallelism config does not ask for it)."""
+        config = getattr(self.state, "parallelism_config", None)
+        if (
+            config is None
+            or not getattr(config, "sp_enabled", False)
+            or getattr(config, "sp_backend", None) != "deepspeed"
+        ):
+            return dataloader
+        try:
+            from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+            from deepspeed.utils import groups
+        except ImportError as error:
+            raise ImportError(
+                f"DeepSpeed Ulysses sequence parallelism needs a DeepSpeed release that has it ({error})"
+            ) from None
+        return UlyssesSPDataLoaderAdapter(
+            dataloader,
+            sp_rank=groups._get_sequence_parallel_rank(),
+            sp_group=groups._get_sequence_parallel_group(),
+            sp_world_size=groups._get_sequence_parallel_world_size(),
+            device=getattr(model, "device", self.device),
+        )
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+
+def _check_stand_ins(config: dict[str, Any], optimizer: Any, scheduler: Any) -> None:
+    """The documented pairings of config-defined optimizer / scheduler and the objects in the code."""
+    in_config_opt = "optimizer" in config
+    in_config_sched = "scheduler" in config
+    if optimizer is not None:
+        if in_config_opt and not isinstance(optimizer, DummyOptim):
+            raise ValueError(
+                f"the DeepSpeed config defines an optimizer and the code passes a {type(optimizer).__name__}: "
+                "remove `optimizer` from the config, or pass `accel.utils.DummyOptim(params, lr=...)` in the code"
+            )
+        if not in_config_opt and isinstance(optimizer, DummyOptim):
+            raise ValueError(
+                "DummyOptim stands for the optimizer of the DeepSpeed config, but the config has no `optimizer` "
+                "section: add one, or pass a real torch optimizer"
+            )
+    if scheduler is not None:
+        if in_config_sched and not isinstance(scheduler, DummyScheduler):
+            raise ValueError(
+                f"the DeepSpeed config defines a scheduler and the code passes a {type(scheduler).__name__}: "
+                "remove `scheduler` from the config, or pass `accel.utils.DummyScheduler(optimizer, ...)`"
+            )
+        if isinstance(scheduler, DummyScheduler) and not in_config_sched and scheduler.lr_scheduler_callable is None:
+            raise ValueError(
+                "DummyScheduler stands for the scheduler of the DeepSpeed config, but the config has no "
+                "`scheduler` section: add one, or give DummyScheduler an `lr_scheduler_callable`"
+            )
+    if isinstance(optimizer, DummyOptim) and scheduler is not None and not isinstance(scheduler, DummyScheduler):
+        raise ValueError(
+            "with the optimizer of the DeepSpeed config (DummyOptim), the scheduler must be a DummyScheduler "
+            "(the config's scheduler, or one built by its `lr_scheduler_callable`)"
+        )
+
+
+def _per_process_batch(loader: Any, num_processes: int) -> int | None:
+    total = getattr(loader, "total_batch_size", None)
+    if isinstance(total, int) and total > 0:
+        return max(total // num_processes, 1)
+    size = getattr(loader, "batch_size", None)
+    return size if isinstance(size, int) else None
+
+
+def _split_batches(data_loaders: Sequence[Any]) -> bool:
+    """True when the prepared loaders split each batch over the processes."""
+    for loader in data_loaders:
+        sampler = getattr(loader, "batch_sampler", None)
+        if getattr(loader, "split_batches", False) or getattr(sampler, "split_batches", False):
+            return True
+    return False
+
+
+def gather_zero3_state_dict(module: torch.nn.Module) -> dict[str, Any]:
+    """The full state dict of a ZeRO-3 partitioned module on every rank (CPU tensors), gathering one
+    submodule's parameters at a time."""
+    import deepspeed
+
+    state: dict[str, Any] = {}
+    for prefix, sub in module.named_modules():
+        head = f"{prefix}." if prefix else ""
+        params = [p for p in sub.parameters(recurse=False)]
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            for name, param in sub._parameters.items():
+                if param is not None:
+                    state[head + name] = param.detach().cpu().clone()
+        for name, buffer in sub._buffers.items():
+            if buffer is not None and name not in sub._non_persistent_buffers_set:
+                state[head + name] = buffer.detach().cpu().clone()
+    return state
+
+
+def _is_frozen_zero3(engine: Any) -> bool:
+    """A ZeRO-3 engine prepared without optimizer (inference, a frozen teacher)."""
+    return engine.zero_optimization_partition_weights() and type(engine.optimizer).__name__ == "DeepSpeedZeRoOffload"
+
+
+def load_zero3_state_dict(module: torch.nn.Module, state: dict[str, Any], strict: bool = True) -> None:
+    """Copy a full state dict into a ZeRO-3 partitioned module, one submodule at a time (every rank
+    calls it; rank 0's values are partitioned to all)."""
+    import deepspeed
+    import torch.distributed as dist
+
+    expected = set()
+    for prefix, sub in module.named_modules():
+        head = f"{prefix}." if prefix else ""
+        params = [p for p in sub.parameters(recurse=False)]
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+            if dist.get_rank() == 0:
+                for name, param in sub._parameters.items():
+                    if param is not None and head + name in state:
+                        param.data.copy_(state[head + name])
+        for name, param in sub._parameters.items():
+            if param is not None:
+                expected.add(head + name)
+        for name, buffer in sub._buffers.items():
+            if buffer is not None and name not in sub._non_persistent_buffers_set:
+                expected.add(head + name)
+                if head + name in state:
+                    buffer.data.copy_(state[head + name])
+    if strict and set(state) != expected:
+        raise KeyError(
+            f"state dict does not match the model: missing {sorted(expected - set(state))}, "
+            f"unexpected {sorted(set(state) - expected)}"
+        )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
