@@ -150,6 +150,17 @@ def tests(session: nox.Session, package: str) -> None:
     _pytest(session, f"tests-{package}", str(DISTS[package]["path"] / "tests"))
 
 
+@nox.session(tags=["ci"])
+@nox.parametrize("package", ORDER)
+def clean_install(session: nox.Session, package: str) -> None:
+    """One distribution installed alone with only its declared dependencies (no test extra, no
+    numpy/tqdm/psutil added by hand), then its smoke script in tools/smoke, run from an empty folder."""
+    _install_local(session, *_closure(package))
+    script = ROOT / "tools" / "smoke" / f"smoke_{package.replace('-', '_')}.py"
+    session.chdir(session.create_tmp())
+    session.run("python", str(script), env={"OMP_NUM_THREADS": "1"})
+
+
 TRACKER_EXTRAS = "tensorboard,wandb,comet_ml,aim,mlflow,clearml,dvclive,trackio,swanlab,test"
 
 
