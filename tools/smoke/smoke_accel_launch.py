@@ -7,7 +7,7 @@ import tempfile
 
 from _common import check, installed_distributions, run
 
-SCRIPT = '''
+SCRIPT = """
 from accel_state import PartialState
 from accel_state.operations import gather_object
 
@@ -15,7 +15,7 @@ state = PartialState()
 ranks = gather_object([state.process_index])
 if state.is_main_process:
     print("ranks", ranks, state.distributed_type)
-'''
+"""
 
 
 def main() -> None:

@@ -28,7 +28,10 @@ def main() -> None:
         check(len(files) == 1, f"expected one run file, found {files}")
         records = list(read_jsonl(files[0]))
         check([r["event"] for r in records] == ["config", "log", "log", "log"], f"records: {records}")
-        check(abs(records[-1]["values"]["loss"] - 1.0 / 3) < 1e-6 and records[-1]["step"] == 2, f"last loss logged as {records[-1]['values']}")
+        check(
+            abs(records[-1]["values"]["loss"] - 1.0 / 3) < 1e-6 and records[-1]["step"] == 2,
+            f"last loss logged as {records[-1]['values']}",
+        )
     print("accel-tracking smoke: default (JSON-lines) tracker config, log and finish OK")
 
 

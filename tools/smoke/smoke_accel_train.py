@@ -41,7 +41,9 @@ def worker() -> None:
     accelerator.save_model(model, os.path.join(folder, "model"))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        check(os.path.isfile(os.path.join(folder, "model", "model.safetensors")), "save_model wrote no model.safetensors")
+        check(
+            os.path.isfile(os.path.join(folder, "model", "model.safetensors")), "save_model wrote no model.safetensors"
+        )
         print("accel-train smoke: 2-process training, save_state / load_state, save_model OK")
 
 

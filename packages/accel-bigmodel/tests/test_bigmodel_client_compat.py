@@ -51,7 +51,9 @@ def test_relative_safetensors_file_in_an_offload_index_is_relative_to_the_workin
     weight = torch.arange(6.0).reshape(2, 3)
     save_file({"w": weight}, os.path.join("model", "model.safetensors"))
     os.makedirs("offload")
-    index = {"w": {"safetensors_file": os.path.join("model", "model.safetensors"), "weight_name": "w", "dtype": "float32"}}
+    index = {
+        "w": {"safetensors_file": os.path.join("model", "model.safetensors"), "weight_name": "w", "dtype": "float32"}
+    }
     with open(os.path.join("offload", "index.json"), "w") as f:
         json.dump(index, f)
     loader = OffloadedWeightsLoader(save_folder="offload")

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from accel_state.enums import ComputeEnvironment, DistributedType, DynamoBackend, PrecisionType, SageMakerDistributedType
+from accel_state.enums import (
+    ComputeEnvironment,
+    DistributedType,
+    DynamoBackend,
+    PrecisionType,
+    SageMakerDistributedType,
+)
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,6 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
-from accel_data import sharding
 from accel_data.config import require_stateful_dataloader
 from accel_data.samplers import (
     BatchSamplerShard,

@@ -93,7 +93,9 @@ class _VersionAction(argparse.Action):
     def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, help: str | None = None) -> None:
         super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, help=help)
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: object, values: object, option: object = None) -> None:
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: object, values: object, option: object = None
+    ) -> None:
         from accel_launch.commands.env import version_line
 
         sys.stdout.write(version_line() + "\n")
