@@ -179,6 +179,24 @@ def integration(session: nox.Session) -> None:
     _pytest(session, "integration", str(ROOT / "integration_tests"))
 
 
+# Libraries that import the documented system by name, pinned; accel stands in for it through the
+# opt-in alias (ACCEL_PROVIDE_ACCELERATE=1, accel.accelerate_alias).
+CLIENT_PINS = {"transformers": "transformers==5.23.0", "peft": "peft==0.21.2"}
+
+
+@nox.session(tags=["ci"])
+def clients(session: nox.Session) -> None:
+    """transformers' Trainer (1 and 2 processes, resume, evaluation loss), from_pretrained with part of
+    the model on disk, and a peft LoRA adapter, on accel through the ``accelerate`` alias."""
+    _install_local(session, *ORDER, extras={"accel": "test"})
+    session.install(*_constraints(), CLIENT_PINS["transformers"])
+    # peft requires the real accelerate, which accel stands in for: peft without it, its other needs by hand
+    session.install(*_constraints(), "--no-deps", CLIENT_PINS["peft"])
+    session.install(*_constraints(), "psutil", "tqdm", "packaging", "pyyaml", "huggingface_hub")
+    session.run("python", "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('accelerate') is not None)")
+    _pytest(session, "clients", str(ROOT / "integration_tests" / "clients"))
+
+
 @nox.session(tags=["ci"])
 def typecheck(session: nox.Session) -> None:
     """mypy over every distribution's source."""
