@@ -103,3 +103,14 @@ def test_cli_finds_a_factory_module_in_the_working_directory(tmp_path) -> None: 
     )
     assert result.returncode == 0, result.stderr
     assert "my_local_models:build" in result.stdout
+
+
+def test_documented_command_functions(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    parser = command.estimate_command_parser()
+    args = parser.parse_args(["test_bigmodel_estimate:build_net", "--dtypes", "float32"])
+    assert command.estimate_command(args) == 0
+    assert "float32" in capsys.readouterr().out
+    sub = argparse.ArgumentParser("accel").add_subparsers()
+    assert command.estimate_command_parser(sub).prog.endswith("estimate-memory")

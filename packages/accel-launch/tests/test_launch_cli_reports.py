@@ -47,3 +47,27 @@ def test_commands_config_offers_the_documented_names(tmp_path, monkeypatch) -> N
     loaded = config.load_config_from_file(None)
     assert loaded.num_processes == 3
     assert callable(config.get_config_parser) and callable(config.config_command)
+
+
+def test_command_modules_offer_the_documented_functions(tmp_path, capsys) -> None:
+    import argparse
+
+    from accel_launch.commands import env, launch, to_fsdp2, tpu
+
+    parser = launch.launch_command_parser()
+    args = parser.parse_args(["--cpu", "--num_processes", "1", str(tmp_path / "missing.py")])
+    assert launch.launch_command(args) == 2  # a missing script: a clear error, exit status 2
+    assert "missing.py" in capsys.readouterr().err
+    subparsers = argparse.ArgumentParser("accel").add_subparsers()
+    for make in (tpu.tpu_command_parser, to_fsdp2.to_fsdp2_command_parser, env.env_command_parser):
+        assert isinstance(make(), argparse.ArgumentParser) and isinstance(make(subparsers), argparse.ArgumentParser)
+    assert env.env_command(env.env_command_parser().parse_args([])) == 0
+    assert "PyTorch version" in capsys.readouterr().out
+    converted = to_fsdp2.convert_config_to_fsdp2(
+        {"distributed_type": "FSDP", "fsdp_config": {"fsdp_sharding_strategy": "FULL_SHARD"}}
+    )
+    assert converted["fsdp_config"]["fsdp_version"] == 2
+    tpu_args = tpu.tpu_command_parser().parse_args(
+        ["--tpu_name", "t", "--tpu_zone", "z", "--command", "echo hi", "--debug"]
+    )
+    assert tpu.tpu_command_launcher(tpu_args) == 0 and "gcloud" in capsys.readouterr().out

@@ -58,6 +58,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The ``estimate-memory`` parser, added to ``subparsers`` when given, else standalone."""
+    if subparsers is not None:
+        return add_parser(subparsers)
+    return _configure(argparse.ArgumentParser("accel estimate-memory"))
+
+
+def estimate_command(args: argparse.Namespace) -> int:
+    """Print the estimate table for parsed ``args``."""
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _configure(argparse.ArgumentParser("accel estimate-memory"))
     return run(parser.parse_args(argv))

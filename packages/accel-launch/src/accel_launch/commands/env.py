@@ -147,6 +147,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def env_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The ``env`` parser, added to ``subparsers`` when given, else standalone."""
+    if subparsers is not None:
+        return add_parser(subparsers)
+    parser = argparse.ArgumentParser("accel env", description=DESCRIPTION)
+    _fill(parser)
+    return parser
+
+
+def env_command(args: argparse.Namespace) -> int:
+    """Print ``accel env``'s report for parsed ``args``."""
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser("accel env", description=DESCRIPTION)
     _fill(parser)

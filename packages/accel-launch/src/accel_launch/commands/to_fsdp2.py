@@ -115,6 +115,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def to_fsdp2_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The ``to-fsdp2`` parser, added to ``subparsers`` when given, else standalone."""
+    if subparsers is not None:
+        return add_parser(subparsers)
+    parser = argparse.ArgumentParser("accel to-fsdp2", description=DESCRIPTION)
+    _fill(parser)
+    return parser
+
+
+def to_fsdp2_command(args: argparse.Namespace) -> int:
+    """Run ``accel to-fsdp2`` with parsed ``args``."""
+    return run(args)
+
+
+def convert_config_to_fsdp2(config: dict[str, Any]) -> dict[str, Any]:
+    """The FSDP2 form of an FSDP1 config mapping (the notes of :func:`convert_config` are dropped)."""
+    return convert_config(config)[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser("accel to-fsdp2", description=DESCRIPTION)
     _fill(parser)

@@ -52,6 +52,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def merge_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The ``merge-weights`` parser, added to ``subparsers`` when given, else standalone."""
+    if subparsers is not None:
+        return add_parser(subparsers)
+    parser = argparse.ArgumentParser("accel merge-weights")
+    _add_arguments(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def merge_command(args: argparse.Namespace) -> int:
+    """Run ``accel merge-weights`` with parsed ``args``."""
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser("accel merge-weights")
     _add_arguments(parser)

@@ -104,6 +104,21 @@ def _run_and_watch(command: list[str]) -> tuple[int, list[str]]:
     return returncode, failed
 
 
+def test_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The ``test`` parser, added to ``subparsers`` when given, else standalone."""
+    if subparsers is not None:
+        return add_parser(subparsers)
+    parser = argparse.ArgumentParser("accel test")
+    _add_arguments(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def test_command(args: argparse.Namespace) -> int:
+    """Run ``accel test`` with parsed ``args``."""
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser("accel test")
     _add_arguments(parser)
