@@ -236,3 +236,15 @@ def test_utils_names_listed_for_libraries_all_resolve() -> None:
     for name in [*clients.UTILS, *pending.UTILS]:
         assert getattr(accel.utils, name) is not None, name
     assert set(clients.UTILS) <= set(_exports.UTILS)
+
+
+def test_documented_submodules_are_package_attributes() -> None:
+    code = (
+        "import sys, accel\nassert 'torch' not in sys.modules\n"
+        "import accel_state.state, accel_bigmodel.big_modeling\n"
+        "assert accel.state is accel_state.state and accel.big_modeling is accel_bigmodel.big_modeling\n"
+        "assert accel.commands.__name__ == 'accel.commands'\nprint('ok')"
+    )
+    done = _python(code)
+    assert done.stdout.strip() == "ok", done.stderr
+    assert isinstance(accel.utils.is_amdsmi_available(), bool)

@@ -390,3 +390,8 @@ def is_habana_gaudi1() -> bool:
 
 def is_torchvision_v2_available() -> bool:
     return is_torchvision_available() and compare_versions(importlib.metadata.version("torchvision"), ">=", "0.15")
+
+
+def is_amdsmi_available() -> bool:
+    """True when AMD's amdsmi Python bindings are installed (GPU monitoring on ROCm)."""
+    return _is_package_available("amdsmi")

@@ -50,6 +50,7 @@ _PROBES = [
     "is_habana_gaudi1",
     "is_import_timer_available",
     "is_torchvision_v2_available",
+    "is_amdsmi_available",
 ]
 _CONSTANTS = [
     "TORCH_LAUNCH_PARAMS",
@@ -70,6 +71,7 @@ _CONSTANTS = [
     "SAGEMAKER_PARALLEL_EC2_INSTANCES",
     "CUSTOM_CHECKPOINT_PREFIX",
     "DATALOADER_NAME",
+    "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION",
 ]
 
 UTILS: dict[str, str] = {}
