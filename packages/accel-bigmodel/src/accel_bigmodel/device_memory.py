@@ -56,7 +56,7 @@ def get_max_memory(max_memory: Mapping[Any, int | float | str] | None = None) ->
         result = _accelerator_free()
         result["cpu"] = available_cpu_memory()
         return result
-    budgets = normalize_max_memory(max_memory)
+    budgets = normalize_max_memory(max_memory)  # type: ignore[arg-type]  # floats are parsed too
     if isinstance(max_memory, dict):
         for key, value in list(max_memory.items()):
             if isinstance(value, (str, float)):

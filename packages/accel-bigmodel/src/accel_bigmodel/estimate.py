@@ -167,7 +167,7 @@ def _transformers_model(model_name: str, trust_remote_code: bool, access_token: 
     with init_empty_weights():
         if auto is transformers.AutoModel:
             return auto.from_config(config, trust_remote_code=trust_remote_code)
-        return auto(config)
+        return auto(config)  # type: ignore[return-value]
 
 
 def _timm_model(model_name: str) -> nn.Module:

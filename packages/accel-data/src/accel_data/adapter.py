@@ -38,7 +38,7 @@ class DataLoaderAdapter:
     def __len__(self) -> int:
         return len(self.base_dataloader)
 
-    @property
+    @property  # type: ignore[misc]
     def __class__(self) -> type:  # type: ignore[override]
         """The wrapped loader's class, so ``isinstance(adapter, DataLoader)`` holds."""
         return self.base_dataloader.__class__

@@ -168,7 +168,7 @@ def extract_model_from_parallel(
         compiled = model
         model = model._orig_mod
     while isinstance(model, wrappers):
-        model = model.module
+        model = model.module  # type: ignore[attr-defined]
     if recursive and isinstance(model, torch.nn.Module):
         for name, child in list(model.named_children()):
             inner = extract_model_from_parallel(child, keep_fp32_wrapper, keep_torch_compile, recursive=True)
