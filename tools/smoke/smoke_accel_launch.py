@@ -14,7 +14,7 @@ from accel_state.operations import gather_object
 state = PartialState()
 ranks = gather_object([state.process_index])
 if state.is_main_process:
-    print("ranks", ranks, state.distributed_type)
+    print("ranks", ranks, state.distributed_type.value)
 """
 
 
