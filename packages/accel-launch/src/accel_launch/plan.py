@@ -15,7 +15,15 @@ from typing import Any
 from accel_launch.options import BY_DEST, OPTIONS
 from accel_launch.values import ConfigError, check_choice, coerce
 from accel_state import env_vars
-from accel_state.enums import ComputeEnvironment, DistributedType
+from accel_state.enums import (
+    ComputeEnvironment,
+    DistributedType,
+    FSDPAutoWrapPolicy,
+    FSDPBackwardPrefetch,
+    FSDPShardingStrategy,
+    FSDPStateDictType,
+    OffloadDevice,
+)
 
 MODES = ("simple", "torchrun", "deepspeed", "mpirun", "tpu", "tpu_pod", "sagemaker")
 
@@ -31,13 +39,14 @@ _TYPE_FLAGS: dict[DistributedType, dict[str, bool]] = {
     DistributedType.MULTI_CPU: {"cpu": True, "_multi": True},
 }
 
-_FSDP_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+_FSDP_STRATEGIES = tuple(FSDPShardingStrategy.list())
+#: FSDP setting -> (its enum in accel_state, the variable that carries it).
 _FSDP_CHOICES = {
-    "fsdp_auto_wrap_policy": ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"),
-    "fsdp_backward_prefetch": ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"),
-    "fsdp_state_dict_type": ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"),
+    "fsdp_auto_wrap_policy": (FSDPAutoWrapPolicy, "FSDP_AUTO_WRAP_POLICY"),
+    "fsdp_backward_prefetch": (FSDPBackwardPrefetch, "FSDP_BACKWARD_PREFETCH"),
+    "fsdp_state_dict_type": (FSDPStateDictType, "FSDP_STATE_DICT_TYPE"),
 }
-_OFFLOAD = ("none", "cpu", "nvme")
+_OFFLOAD = tuple(OffloadDevice.list())
 
 #: Device type -> the variable that selects visible devices of that type.
 VISIBLE_DEVICES_VAR = {
@@ -83,6 +92,9 @@ class LaunchPlan:
     sagemaker: bool = False
     config_source: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: Variables of ``env`` whose value is only the launcher's default (no flag, no config key set it):
+    #: a value the user exported for them wins (see :func:`accel_launch.runner.launch_env`).
+    defaulted_env: frozenset[str] = frozenset()
 
     @property
     def nproc_per_node(self) -> int:
@@ -170,11 +182,16 @@ def _check_paradigms(values: Mapping[str, Any]) -> None:
         raise ConfigError("--cpu cannot be combined with --multi_gpu: the one forces the CPU, the other asks for GPUs")
 
 
+def _fsdp_choice(enum_type: Any, value: Any, name: str) -> str:
+    """The member of ``enum_type`` for ``value`` (name or 1-based number), or a ConfigError naming ``name``."""
+    try:
+        return str(enum_type.parse(value))
+    except ValueError:
+        return check_choice(str(value).strip().upper(), tuple(enum_type.list()), name, "FSDP settings")
+
+
 def _fsdp_strategy(value: Any) -> str:
-    text = str(value).strip().upper()
-    if text.isdigit() and 1 <= int(text) <= len(_FSDP_STRATEGIES):
-        return _FSDP_STRATEGIES[int(text) - 1]
-    return check_choice(text, _FSDP_STRATEGIES, "fsdp_sharding_strategy", "FSDP settings")
+    return _fsdp_choice(FSDPShardingStrategy, value, "fsdp_sharding_strategy")
 
 
 def _num_processes(values: dict[str, Any], machine: MachineInfo, notes: list[str], defaulted: set[str]) -> int:
@@ -210,6 +227,8 @@ def resolve(
         config is not None and getattr(config, "compute_environment", None) == ComputeEnvironment.AMAZON_SAGEMAKER
     )
     values, defaulted = merge(flags, config)
+    if getattr(config, "parallelism_config", None) and not values.get("use_parallelism_config"):
+        values["use_parallelism_config"] = True  # a file's parallelism_config section asks for it
     _check_paradigms(values)
     notes: list[str] = []
 
@@ -232,8 +251,13 @@ def resolve(
     if num_machines > 1 and not values.get("main_process_ip") and not values.get("tpu") and not sagemaker:
         raise ConfigError("a run on several machines needs --main_process_ip (the address of the machine of rank 0)")
     port = values.get("main_process_port")
-    if port is not None and not 0 < port < 65536:
-        raise ConfigError(f"--main_process_port must be a port number (1-65535), got {port}")
+    if port is not None and not 0 <= port < 65536:
+        raise ConfigError(f"--main_process_port must be a port number (1-65535), or 0 to pick a free one, got {port}")
+    if port == 0 and num_machines > 1:
+        raise ConfigError(
+            "--main_process_port 0 picks a free port on this machine, which the other machines cannot know: "
+            "give the port the main machine listens on (for example --main_process_port 29500)"
+        )
     if values["max_restarts"] < 0:
         raise ConfigError(f"--max_restarts must be 0 or more, got {values['max_restarts']}")
     threads = values.get("num_cpu_threads_per_process")
@@ -261,7 +285,7 @@ def resolve(
         machine_rank=machine_rank,
         main_process_ip=values.get("main_process_ip"),
         main_process_port=port,
-        port_given=port is not None,
+        port_given=bool(port),  # 0 asks for a free port, as no port does
         values=values,
         env=env,
         notes=tuple(notes),
@@ -272,7 +296,32 @@ def resolve(
             "tpu_zone": getattr(config, "tpu_zone", None),
             "config": config,
         },
+        defaulted_env=_defaulted_env(env, defaulted),
     )
+
+
+#: Variables whose name does not say which launch option sets them.
+_ENV_SOURCE = {"ACCELERATE_DEBUG_MODE": "debug", "FSDP_TRANSFORMER_CLS_TO_WRAP": "fsdp_transformer_layer_cls_to_wrap"}
+
+
+def _defaulted_env(env: Mapping[str, str], defaulted: set[str]) -> frozenset[str]:
+    """The variables of ``env`` set from a launch option that kept its default.
+
+    A variable belongs to the option it is named after (``ACCELERATE_MIXED_PRECISION`` to
+    ``mixed_precision``, ``FSDP_OFFLOAD_PARAMS`` to ``fsdp_offload_params``, ``ACCELERATE_USE_CPU`` to
+    ``cpu``), or to the one :data:`_ENV_SOURCE` names.
+    """
+    out = set()
+    for key in env:
+        source = _ENV_SOURCE.get(key)
+        if source is not None:
+            if source in defaulted:
+                out.add(key)
+            continue
+        upper = key.upper()
+        if any(upper == name.upper() or upper.endswith("_" + name.upper()) for name in defaulted):
+            out.add(key)
+    return frozenset(out)
 
 
 def _mode(values: Mapping[str, Any], num_processes: int, num_machines: int, sagemaker: bool) -> str:
@@ -322,6 +371,11 @@ def build_env(
         protocol.update(_deepspeed_env(values, config))
     if values.get("use_fsdp"):
         protocol.update(_fsdp_env(values))
+        # Keys of the documented system's FSDP settings that _fsdp_env does not carry.
+        if values.get("fsdp_activation_checkpointing_offload"):
+            protocol["FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD"] = True
+        if values.get("fsdp_ignored_modules"):
+            protocol["FSDP_IGNORED_MODULES"] = values["fsdp_ignored_modules"]
     if values.get("use_megatron_lm"):
         protocol.update(_megatron_env(values))
     if values.get("use_parallelism_config"):
@@ -361,6 +415,8 @@ def _fp8_env(values: Mapping[str, Any]) -> dict[str, Any]:
         ],
         "ACCELERATE_FP8_OPT_LEVEL": values["fp8_opt_level"],
         "ACCELERATE_FP8_USE_AUTOCAST_DURING_EVAL": bool(values["fp8_use_autocast_during_eval"]),
+        "ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER": bool(values["fp8_enable_fsdp_float8_all_gather"]),
+        "ACCELERATE_FP8_PAD_INNER_DIM": bool(values["fp8_pad_inner_dim"]),
     }
     return env
 
@@ -426,15 +482,10 @@ def _fsdp_env(values: Mapping[str, Any]) -> dict[str, Any]:
     else:
         coerce("bool", values["fsdp_reshard_after_forward"], "fsdp_reshard_after_forward", "FSDP2 settings")
         env["FSDP_RESHARD_AFTER_FORWARD"] = str(coerce("bool", values["fsdp_reshard_after_forward"], "", "")).lower()
-    for name, choices in _FSDP_CHOICES.items():
+    for name, (enum_type, env_name) in _FSDP_CHOICES.items():
         value = values.get(name)
         if value is not None:
-            env_name = {
-                "fsdp_auto_wrap_policy": "FSDP_AUTO_WRAP_POLICY",
-                "fsdp_backward_prefetch": "FSDP_BACKWARD_PREFETCH",
-                "fsdp_state_dict_type": "FSDP_STATE_DICT_TYPE",
-            }[name]
-            env[env_name] = check_choice(str(value).upper(), choices, name, "FSDP settings")
+            env[env_name] = _fsdp_choice(enum_type, value, name)
     if values.get("fsdp_transformer_layer_cls_to_wrap"):
         env["FSDP_TRANSFORMER_CLS_TO_WRAP"] = values["fsdp_transformer_layer_cls_to_wrap"]
     return env

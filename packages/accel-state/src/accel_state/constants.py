@@ -68,3 +68,27 @@ FSDP_BACKWARD_PREFETCH = ["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]
 FSDP_STATE_DICT_TYPE = ["FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"]
 DEEPSPEED_MULTINODE_LAUNCHERS = ["pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm"]
 TORCH_DYNAMO_MODES = ["default", "reduce-overhead", "max-autotune"]
+
+
+#: Names whose value needs torch: built on first access (module ``__getattr__``), so importing this
+#: module stays free of torch.
+_TORCH_CONSTANTS = ("SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",)
+
+
+def __getattr__(name: str) -> object:
+    if name == "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING":
+        # Layers whose weights layerwise casting stores in a low-precision dtype and upcasts for forward.
+        from torch import nn
+
+        value = (
+            nn.Conv1d,
+            nn.Conv2d,
+            nn.Conv3d,
+            nn.ConvTranspose1d,
+            nn.ConvTranspose2d,
+            nn.ConvTranspose3d,
+            nn.Linear,
+        )
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

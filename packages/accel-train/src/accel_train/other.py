@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import enum
 import functools
-import os
-import platform
-import re
 import subprocess
 import sys
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from accel_bigmodel.estimate import convert_bytes
+from accel_state.environment import check_os_kernel
 from accel_state.logging import get_logger
+from accel_train.checkpoint_io import load, save
 
 logger = get_logger(__name__)
 
@@ -253,34 +251,6 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
 # -- saving and loading -----------------------------------------------------------------------------
 
 
-def save(
-    obj: Any, f: str | os.PathLike[str], save_on_each_node: bool = False, safe_serialization: bool = False
-) -> None:
-    """Save ``obj`` to ``f`` once: on the main process (or each machine's main with ``save_on_each_node``).
-
-    ``safe_serialization`` writes a dict of tensors with safetensors; otherwise ``torch.save``.
-    """
-    from accel_state.state import PartialState
-
-    state = PartialState()
-    if not (state.is_local_main_process if save_on_each_node else state.is_main_process):
-        return
-    if safe_serialization:
-        from safetensors.torch import save_file
-
-        if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-            raise TypeError("save(..., safe_serialization=True) takes a dict of tensors (a state dict).")
-        save_file(clean_state_dict_for_safetensors(dict(obj)), os.fspath(f), metadata={"format": "pt"})
-    else:
-        torch.save(obj, f)
-
-
-def load(f: str | os.PathLike[str], map_location: Any = None, **kwargs: Any) -> Any:
-    """``torch.load`` with ``weights_only=True`` unless the caller says otherwise."""
-    kwargs.setdefault("weights_only", True)
-    return torch.load(f, map_location=map_location, **kwargs)
-
-
 def clean_state_dict_for_safetensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state_dict`` ready for safetensors: names sharing storage kept once (the first), tensors contiguous."""
     seen: dict[tuple[Any, ...], str] = {}
@@ -330,20 +300,6 @@ def merge_dicts(source: Mapping[str, Any], destination: dict[str, Any]) -> dict[
 def recursive_getattr(obj: Any, attr: str) -> Any:
     """``getattr`` along a dotted path: ``recursive_getattr(model, "encoder.layer.0")``."""
     return functools.reduce(getattr, attr.split("."), obj)
-
-
-def check_os_kernel() -> None:
-    """Warn on Linux kernels older than 5.5, where processes can hang (a known kernel issue)."""
-    info = platform.uname()
-    if info.system != "Linux":
-        return
-    match = re.match(r"(\d+)\.(\d+)", info.release)
-    if match and (int(match.group(1)), int(match.group(2))) < (5, 5):
-        warnings.warn(
-            f"Detected kernel version {info.release}, which is below the recommended minimum of 5.5.0; "
-            "this can cause the process to hang. It is recommended to upgrade the kernel.",
-            stacklevel=2,
-        )
 
 
 def install_xla(upgrade: bool = False) -> None:

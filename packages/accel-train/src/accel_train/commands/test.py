@@ -105,24 +105,25 @@ def _run_and_watch(command: list[str]) -> tuple[int, list[str]]:
 
 
 def test_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
-    """The ``test`` parser, added to ``subparsers`` when given, else standalone."""
+    """The ``test`` parser (the documented name): on ``subparsers`` when given, else standalone."""
     if subparsers is not None:
         return add_parser(subparsers)
     parser = argparse.ArgumentParser("accel test")
     _add_arguments(parser)
-    parser.set_defaults(func=run)
     return parser
 
 
 def test_command(args: argparse.Namespace) -> int:
-    """Run ``accel test`` with parsed ``args``."""
+    """Run the self-test for parsed arguments (the documented name of :func:`run`)."""
     return run(args)
 
 
+test_command_parser.__test__ = False  # type: ignore[attr-defined]  # not a pytest test, despite the name
+test_command.__test__ = False  # type: ignore[attr-defined]
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser("accel test")
-    _add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run(test_command_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ TOP_LEVEL: dict[str, str] = {
 _OTHER = [
     "CannotPadNestedTensorWarning",
     "CustomDtype",
-    "check_os_kernel",
     "clean_state_dict_for_safetensors",
     "compile_regions",
     "compile_regions_deepspeed",
@@ -28,11 +27,9 @@ _OTHER = [
     "install_xla",
     "is_compiled_module",
     "is_peft_model",
-    "load",
     "merge_dicts",
     "model_has_dtensor",
     "recursive_getattr",
-    "save",
 ]
 _ENVIRONMENT = [
     "purge_accelerate_environment",
