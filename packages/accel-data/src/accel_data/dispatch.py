@@ -291,7 +291,11 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
                     # Nothing to cut: the batch goes on whole, non-tensor leaves included.
                     if is_last:
                         self.end_of_dataloader = True
-                        self.remainder = 0
+                        if self.remainder < 0 and not self._drop_last:  # length unknown before: now it is
+                            try:
+                                self.remainder = _batch_size(batch) % self.total_batch_size
+                            except (TypeError, ValueError):  # no tensor to count: nothing will be cut
+                                self.remainder = 0
                     self._progress.yielded += 1
                     yield batch
                     if is_last:
