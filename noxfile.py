@@ -211,14 +211,23 @@ def summary(session: nox.Session) -> None:
     session.run(sys.executable, str(ROOT / "tools" / "test_summary.py"), str(REPORTS))
 
 
-@nox.session
+@nox.session(tags=["ci"])
 def docs(session: nox.Session) -> None:
-    """User guide plus API reference generated from docstrings, into docs/_build."""
+    """The user guide and API reference into docs/_build, then every code block of the guide run.
+
+    Fails when an exported name has no docstring (tools/check_docstrings.py) or when a code block of
+    docs/*.md fails (tools/run_doc_examples.py; pages given as arguments run alone).
+    """
     _install_local(session, *ORDER)
-    session.install("pdoc", "markdown2")
+    session.install(
+        *_constraints(), "pdoc", "markdown2", "numpy", "safetensors", "tqdm", "tensorboard", "bitsandbytes", "deepspeed"
+    )
+    session.run("python", str(ROOT / "tools" / "check_docstrings.py"))
     out = ROOT / "docs" / "_build"
     session.run("pdoc", "-o", str(out / "api"), *[d.replace("-", "_") for d in ORDER])
     session.run("python", str(ROOT / "tools" / "build_guide.py"), str(ROOT / "docs"), str(out))
+    session.log(f"site: {out / 'index.html'}")
+    session.run("python", str(ROOT / "tools" / "run_doc_examples.py"), *session.posargs)
 
 
 @nox.session

@@ -311,6 +311,8 @@ def attach_layerwise_casting_hooks(
     """
     from accel_state.constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 
+    upcast_layers: tuple[type, ...] = tuple(SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING)  # type: ignore[arg-type]
+
     patterns = (skip_modules_pattern,) if isinstance(skip_modules_pattern, str) else tuple(skip_modules_pattern or ())
     compiled = [re.compile(p) for p in patterns]
     skip_classes = tuple(skip_modules_classes or ())
@@ -319,7 +321,7 @@ def attach_layerwise_casting_hooks(
         name, sub = stack.pop()
         if (skip_classes and isinstance(sub, skip_classes)) or any(p.search(name) for p in compiled):
             continue  # the whole subtree keeps its dtype
-        if isinstance(sub, SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING):
+        if isinstance(sub, upcast_layers):
             add_hook_to_module(sub, LayerwiseCastingHook(storage_dtype, compute_dtype, non_blocking), append=True)
             continue
         children = [(f"{name}.{child}" if name else child, m) for child, m in sub.named_children()]

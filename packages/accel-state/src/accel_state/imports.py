@@ -34,170 +34,211 @@ def _version_ok(metadata_name: str, min_version: str | None) -> bool:
 
 
 def is_torch_available() -> bool:
+    """True when torch is installed."""
     return _is_package_available("torch")
 
 
 def is_numpy_available() -> bool:
+    """True when numpy is installed."""
     return _is_package_available("numpy")
 
 
 def is_safetensors_available() -> bool:
+    """True when safetensors is installed."""
     return _is_package_available("safetensors")
 
 
 def is_yaml_available() -> bool:
+    """True when PyYAML is installed."""
     return _is_package_available("yaml", "pyyaml")
 
 
 def is_psutil_available() -> bool:
+    """True when psutil is installed."""
     return _is_package_available("psutil")
 
 
 def is_tqdm_available() -> bool:
+    """True when tqdm is installed."""
     return _is_package_available("tqdm")
 
 
 def is_rich_available() -> bool:
+    """True when rich is installed."""
     return _is_package_available("rich") and os.environ.get("ACCELERATE_DISABLE_RICH", "").lower() not in ("1", "true")
 
 
 def is_huggingface_hub_available() -> bool:
+    """True when huggingface_hub is installed."""
     return _is_package_available("huggingface_hub", "huggingface-hub")
 
 
 def is_transformers_available() -> bool:
+    """True when transformers is installed."""
     return _is_package_available("transformers")
 
 
 def is_timm_available() -> bool:
+    """True when timm is installed."""
     return _is_package_available("timm")
 
 
 def is_datasets_available() -> bool:
+    """True when datasets is installed."""
     return _is_package_available("datasets")
 
 
 def is_peft_available() -> bool:
+    """True when peft is installed."""
     return _is_package_available("peft")
 
 
 def is_pandas_available() -> bool:
+    """True when pandas is installed."""
     return _is_package_available("pandas")
 
 
 def is_matplotlib_available() -> bool:
+    """True when matplotlib is installed."""
     return _is_package_available("matplotlib")
 
 
 def is_boto3_available() -> bool:
+    """True when boto3 is installed."""
     return _is_package_available("boto3")
 
 
 def is_sagemaker_available() -> bool:
+    """True when sagemaker is installed."""
     return _is_package_available("sagemaker")
 
 
 def is_torchvision_available() -> bool:
+    """True when torchvision is installed."""
     return _is_package_available("torchvision")
 
 
 def is_triton_available() -> bool:
+    """True when triton is installed."""
     return _is_package_available("triton")
 
 
 def is_pynvml_available() -> bool:
+    """True when pynvml is installed."""
     return _is_package_available("pynvml", "nvidia-ml-py") or _is_package_available("pynvml")
 
 
 def is_torchdata_available() -> bool:
+    """True when torchdata is installed."""
     return _is_package_available("torchdata")
 
 
 def is_torchdata_stateful_dataloader_available() -> bool:
+    """True when torchdata's ``StatefulDataLoader`` is installed."""
     if not is_torchdata_available():
         return False
     return _version_ok("torchdata", "0.8.0") and importlib.util.find_spec("torchdata.stateful_dataloader") is not None
 
 
 def is_deepspeed_available() -> bool:
+    """True when deepspeed is installed."""
     return _is_package_available("deepspeed")
 
 
 def is_megatron_lm_available() -> bool:
+    """True when Megatron-LM (megatron-core) is installed."""
     return _is_package_available("megatron", "megatron-core") or _is_package_available("megatron")
 
 
 def is_bnb_available(min_version: str | None = None) -> bool:
+    """True when bitsandbytes (at least ``min_version`` when given) is installed."""
     return _is_package_available("bitsandbytes") and _version_ok("bitsandbytes", min_version)
 
 
 def is_8bit_bnb_available() -> bool:
+    """True when bitsandbytes with 8-bit layers is installed."""
     return is_bnb_available("0.37.2")
 
 
 def is_4bit_bnb_available() -> bool:
+    """True when bitsandbytes with 4-bit layers is installed."""
     return is_bnb_available("0.39.0")
 
 
 def is_bitsandbytes_multi_backend_available() -> bool:
+    """True when a multi-backend bitsandbytes (CPU and non-CUDA devices) is installed."""
     return is_bnb_available("0.45.0")
 
 
 def is_transformer_engine_available() -> bool:
+    """True when TransformerEngine is installed."""
     return _is_package_available("transformer_engine", "transformer-engine") or _is_package_available(
         "transformer_engine", "transformer_engine"
     )
 
 
 def is_msamp_available() -> bool:
+    """True when MS-AMP is installed."""
     return _is_package_available("msamp", "ms-amp") or _is_package_available("msamp")
 
 
 def is_torchao_available() -> bool:
+    """True when torchao is installed."""
     return _is_package_available("torchao")
 
 
 def is_lomo_available() -> bool:
+    """True when the LOMO optimizers (lomo-optim) is installed."""
     return _is_package_available("lomo_optim", "lomo-optim")
 
 
 def is_schedulefree_available() -> bool:
+    """True when schedulefree is installed."""
     return _is_package_available("schedulefree")
 
 
 def is_tensorboard_available() -> bool:
+    """True when tensorboard is installed."""
     return _is_package_available("tensorboard") or _is_package_available("tensorboardX")
 
 
 def is_wandb_available() -> bool:
+    """True when wandb is installed."""
     return _is_package_available("wandb")
 
 
 def is_comet_ml_available() -> bool:
+    """True when comet_ml is installed."""
     return _is_package_available("comet_ml", "comet-ml") or _is_package_available("comet_ml")
 
 
 def is_aim_available() -> bool:
+    """True when aim is installed."""
     return _is_package_available("aim")
 
 
 def is_mlflow_available() -> bool:
+    """True when mlflow is installed."""
     return _is_package_available("mlflow") or _is_package_available("mlflow", "mlflow-skinny")
 
 
 def is_clearml_available() -> bool:
+    """True when clearml is installed."""
     return _is_package_available("clearml")
 
 
 def is_dvclive_available() -> bool:
+    """True when dvclive is installed."""
     return _is_package_available("dvclive")
 
 
 def is_trackio_available() -> bool:
+    """True when trackio is installed."""
     return _is_package_available("trackio")
 
 
 def is_swanlab_available() -> bool:
+    """True when swanlab is installed."""
     return _is_package_available("swanlab")
 
 
@@ -217,10 +258,12 @@ def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = Fals
 
 
 def is_ipex_available() -> bool:
+    """True when Intel Extension for PyTorch is installed."""
     return _is_package_available("intel_extension_for_pytorch")
 
 
 def is_ccl_available() -> bool:
+    """True when oneCCL bindings for PyTorch is installed."""
     return _is_package_available("oneccl_bindings_for_pytorch") or _is_package_available("torch_ccl")
 
 
@@ -246,6 +289,7 @@ def is_cuda_available() -> bool:
 
 @lru_cache(maxsize=1)
 def is_mps_available(min_version: str = "1.12") -> bool:
+    """True when PyTorch can use the Apple MPS backend."""
     import torch
 
     backend = getattr(torch.backends, "mps", None)
@@ -254,6 +298,7 @@ def is_mps_available(min_version: str = "1.12") -> bool:
 
 @lru_cache(maxsize=1)
 def is_xpu_available(check_device: bool = False) -> bool:
+    """True when PyTorch can use the Intel XPU backend."""
     import torch
 
     xpu = getattr(torch, "xpu", None)
@@ -284,26 +329,31 @@ def _device_module_available(name: str, package: str | None) -> bool:
 
 @lru_cache(maxsize=1)
 def is_npu_available(check_device: bool = False) -> bool:
+    """True when PyTorch can use the Ascend NPU backend."""
     return _device_module_available("npu", "torch_npu")
 
 
 @lru_cache(maxsize=1)
 def is_mlu_available(check_device: bool = False) -> bool:
+    """True when PyTorch can use the Cambricon MLU backend."""
     return _device_module_available("mlu", "torch_mlu")
 
 
 @lru_cache(maxsize=1)
 def is_musa_available(check_device: bool = False) -> bool:
+    """True when PyTorch can use the Moore Threads MUSA backend."""
     return _device_module_available("musa", "torch_musa")
 
 
 @lru_cache(maxsize=1)
 def is_sdaa_available(check_device: bool = False) -> bool:
+    """True when PyTorch can use the SDAA backend."""
     return _device_module_available("sdaa", "torch_sdaa")
 
 
 @lru_cache(maxsize=1)
 def is_hpu_available(init_hccl: bool = False) -> bool:
+    """True when PyTorch can use the Intel Gaudi HPU backend."""
     return _device_module_available("hpu", "habana_frameworks")
 
 
@@ -332,6 +382,7 @@ def is_fp8_available() -> bool:
 
 
 def is_mpi_available() -> bool:
+    """True when this PyTorch build has the MPI backend of torch.distributed."""
     import torch.distributed as dist
 
     return bool(dist.is_available() and dist.is_mpi_available())

@@ -14,10 +14,12 @@ class DistributedOperationException(Exception):
 
 
 def is_torch_tensor(tensor: Any) -> bool:
+    """True when ``tensor`` is a ``torch.Tensor``."""
     return isinstance(tensor, torch.Tensor)
 
 
 def is_tensor_information(tensor_info: Any) -> bool:
+    """True when ``tensor_info`` is a ``TensorInformation`` (shape and dtype of a tensor to come)."""
     return isinstance(tensor_info, TensorInformation)
 
 

@@ -13,10 +13,12 @@ def wait_for_everyone() -> None:
 
 
 def is_main_process() -> bool:
+    """True on the main process of the whole run (global rank 0)."""
     return PartialState().is_main_process
 
 
 def is_local_main_process() -> bool:
+    """True on the main process of this machine (local rank 0)."""
     return PartialState().is_local_main_process
 
 
@@ -26,28 +28,35 @@ def on_main_process(function: Any) -> Any:
 
 
 def on_local_main_process(function: Any) -> Any:
+    """Decorator: run ``function`` on the main process of each machine only."""
     return PartialState().on_local_main_process(function)
 
 
 def on_last_process(function: Any) -> Any:
+    """Decorator: run ``function`` on the last process only."""
     return PartialState().on_last_process(function)
 
 
 def on_process(function: Any = None, process_index: int | None = None) -> Any:
+    """Decorator: run ``function`` on the process of global index ``process_index`` only."""
     return PartialState().on_process(function, process_index=process_index)
 
 
 def on_local_process(function: Any = None, local_process_index: int | None = None) -> Any:
+    """Decorator: run ``function`` on the process of local index ``local_process_index`` only."""
     return PartialState().on_local_process(function, local_process_index=local_process_index)
 
 
 def main_process_first() -> Any:
+    """Context manager: the main process runs the block first, then the others."""
     return PartialState().main_process_first()
 
 
 def local_main_process_first() -> Any:
+    """Context manager: each machine's main process runs the block first, then the others."""
     return PartialState().local_main_process_first()
 
 
 def split_between_processes(inputs: Any, apply_padding: bool = False) -> Any:
+    """Context manager giving this process its share of ``inputs`` (list, tuple, dict or tensor)."""
     return PartialState().split_between_processes(inputs, apply_padding=apply_padding)

@@ -36,7 +36,8 @@ _CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
 _OWNED_RE = re.compile(
     r"^((model|pytorch_model)(_\d+)?\.(safetensors|bin)|(optimizer|scheduler|sampler|dl_state_dict)(_\d+)?\.bin"
     r"|scaler\.pt|random_states_\d+\.(pkl|safetensors)|accumulated_grads_\d+\.safetensors|custom_checkpoint_\d+\.pkl"
-    r"|accel_checkpoint\.json)$"
+    r"|accel_checkpoint\.json"
+    r"|pytorch_model_fsdp(_\d+)?|optimizer_\d+|pytorch_model_fsdp_\d+_rank\d+\.bin)$"
 )
 
 

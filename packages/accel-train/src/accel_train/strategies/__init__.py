@@ -23,12 +23,12 @@ __all__ = ["STRATEGIES", "DDP_TYPES", "register_strategy", "strategy_class", "st
 STRATEGIES: dict[str, str] = {
     "single_device": "accel_train.strategies.single_device:SingleDeviceStrategy",
     "ddp": "accel_train.strategies.ddp:DDPStrategy",
+    "fsdp": "accel_train.strategies.fsdp:FSDPStrategy",
     "nd_parallel": "accel_train.strategies.nd_parallel:NDParallelStrategy",
 }
 
 #: Documented backends whose strategy is not registered: what to tell the user.
 _NOT_YET: dict[str, str] = {
-    "fsdp": "FSDP (fsdp_plugin)",
     "deepspeed": "DeepSpeed (deepspeed_plugin)",
     "megatron_lm": "Megatron-LM (megatron_lm_plugin)",
     "xla": "XLA / TPU training",

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from accel_train import dcp_io
+from accel_train import fsdp_state
 from accel_train.strategies.base import CheckpointEntry, ParallelDims, Strategy
 
 __all__ = ["NDParallelStrategy"]
@@ -235,7 +235,9 @@ class NDParallelStrategy(Strategy):
         total = torch.linalg.vector_norm(torch.stack(norms), norm_type)
         coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         for param in parameters:
-            param.grad.mul_(coefficient.to(param.grad.device))
+            grad = param.grad
+            assert grad is not None  # kept above
+            grad.mul_(coefficient.to(grad.device))
         return total
 
     @contextlib.contextmanager
@@ -257,8 +259,8 @@ class NDParallelStrategy(Strategy):
     # -- state ----------------------------------------------------------------------------------------
 
     def model_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
-        """The full state dict, gathered to rank 0 (the other ranks get ``{}``); call it on every rank."""
-        return dcp_io.full_model_state_dict(self.unwrap_model(model, keep_torch_compile=False))
+        """The full state dict, gathered on every rank (CPU tensors); call it on every rank."""
+        return fsdp_state.full_model_state_dict(self.unwrap_model(model, keep_torch_compile=False))
 
     def _model_of(self, optimizer: Any) -> torch.nn.Module:
         inner = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
@@ -290,21 +292,21 @@ class NDParallelStrategy(Strategy):
         self, model: torch.nn.Module, weights: Any, folder: str, index: int, safe_serialization: bool, is_writer: bool
     ) -> str:
         name = self.checkpoint_entries()["model"].name(index)
-        dcp_io.save_sharded_model(self.unwrap_model(model, keep_torch_compile=False), os.path.join(folder, name))
+        fsdp_state.save_sharded_model(self.unwrap_model(model, keep_torch_compile=False), os.path.join(folder, name))
         return name
 
     def load_model_checkpoint(
         self, model: torch.nn.Module, folder: str, entry: str, device: Any, strict: bool = True
     ) -> None:
-        dcp_io.load_sharded_model(self.unwrap_model(model, keep_torch_compile=False), os.path.join(folder, entry))
+        fsdp_state.load_sharded_model(self.unwrap_model(model, keep_torch_compile=False), os.path.join(folder, entry))
 
     def save_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, is_writer: bool) -> str:
         name = self.checkpoint_entries()["optimizer"].name(index)
         inner = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
-        dcp_io.save_sharded_optimizer(self._model_of(optimizer), inner, os.path.join(folder, name))
+        fsdp_state.save_sharded_optimizer(self._model_of(optimizer), inner, os.path.join(folder, name))
         return name
 
     def load_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, map_location: Any) -> None:
         inner = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
         name = self.checkpoint_entries()["optimizer"].name(index)
-        dcp_io.load_sharded_optimizer(self._model_of(optimizer), inner, os.path.join(folder, name))
+        fsdp_state.load_sharded_optimizer(self._model_of(optimizer), inner, os.path.join(folder, name))

@@ -55,3 +55,22 @@ MODULES: dict[str, str] = {
     "accel.commands.test": f"{_T}.commands.test",
     "accel.commands.merge": f"{_T}.commands.merge",
 }
+
+# FSDP utilities (issue 11): documented names on accel.utils, and the accel.utils.fsdp_utils module path.
+_FSDP_UTILS = [
+    "save_fsdp_model",
+    "load_fsdp_model",
+    "save_fsdp_optimizer",
+    "load_fsdp_optimizer",
+    "enable_fsdp_ram_efficient_loading",
+    "disable_fsdp_ram_efficient_loading",
+    "get_fsdp2_grad_scaler",
+    "fsdp2_prepare_model",
+    "fsdp2_load_full_state_dict",
+    "fsdp2_apply_ac",
+    "fsdp2_canonicalize_names",
+    "fsdp2_switch_optimizer_parameters",
+    "ensure_weights_retied",
+]
+UTILS.update({name: f"{_T}.fsdp_utils" for name in _FSDP_UTILS})
+MODULES["accel.utils.fsdp_utils"] = f"{_T}.fsdp_utils"

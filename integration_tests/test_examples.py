@@ -1,0 +1,68 @@
+"""The example scripts a user starts from, run as a user runs them (``accel launch`` where it is about several processes)."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import sys
+
+from conftest import ROOT, accel_command, run_command
+
+EXAMPLES = ROOT / "examples"
+
+
+def test_big_model_inference_with_disk_offload(tmp_path: pathlib.Path) -> None:
+    result = run_command(
+        [sys.executable, str(EXAMPLES / "big_model_inference.py"), "--output_dir", str(tmp_path), "--depth", "6"],
+        timeout=300,
+    )
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-4000:]
+    plan = re.findall(r"^  (cpu|disk)\s+\| (.+)$", text, flags=re.M)
+    assert [device for device, _ in plan] == ["cpu", "disk"], text
+    on_disk = plan[1][1].split()
+    assert "head" in on_disk and "embed" in plan[0][1].split()
+    in_place = re.search(
+        r"(\d+) modules on disk \((\d+) weights read in place from the safetensors shards, 0 copied", text
+    )
+    assert in_place and int(in_place.group(1)) == len(on_disk) and int(in_place.group(2)) >= 2 * len(on_disk), text
+    assert "same tokens as the in-memory model" in text
+
+
+def _launch(project: pathlib.Path, *extra: str):
+    return run_command(
+        [
+            *accel_command(),
+            "launch",
+            "--cpu",
+            "--num_processes",
+            "2",
+            str(EXAMPLES / "resumable_training.py"),
+            "--project_dir",
+            str(project),
+            *extra,
+        ],
+        timeout=300,
+    )
+
+
+def _fingerprint(text: str) -> str:
+    found = re.findall(r"weights fingerprint ([0-9a-f]{16})", text)
+    assert len(found) == 1, text[-4000:]
+    return found[0]
+
+
+def test_resumable_training_resumes_exactly_after_a_crash(tmp_path: pathlib.Path) -> None:
+    straight = _launch(tmp_path / "straight")
+    assert straight.returncode == 0, (straight.stdout + straight.stderr)[-4000:]
+    assert "starting from scratch" in straight.stdout
+
+    crashed = _launch(tmp_path / "crashed", "--crash_at_step", "31")
+    assert crashed.returncode != 0 and "crashing at step 31" in crashed.stdout
+    assert sorted(p.name for p in (tmp_path / "crashed" / "checkpoints").iterdir()) == ["checkpoint_2", "checkpoint_3"]
+
+    resumed = _launch(tmp_path / "crashed")
+    text = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, text[-4000:]
+    assert "resumed at step 28 (epoch 2)" in text
+    assert _fingerprint(text) == _fingerprint(straight.stdout)
