@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-_FSDP = "FSDP checkpoint utilities"
 _DEEPSPEED = "DeepSpeed integration utilities"
 
 
@@ -20,26 +19,6 @@ def _missing(name: str, feature: str) -> NoReturn:
         f"accel.utils.{name} is not available yet: accel's {feature} have not landed in this version. "
         "Train without FSDP/DeepSpeed, or use a version of accel that provides them."
     )
-
-
-def save_fsdp_model(*args: Any, **kwargs: Any) -> NoReturn:
-    """Placeholder (FSDP): fails when called."""
-    _missing("save_fsdp_model", _FSDP)
-
-
-def load_fsdp_model(*args: Any, **kwargs: Any) -> NoReturn:
-    """Placeholder (FSDP): fails when called."""
-    _missing("load_fsdp_model", _FSDP)
-
-
-def save_fsdp_optimizer(*args: Any, **kwargs: Any) -> NoReturn:
-    """Placeholder (FSDP): fails when called."""
-    _missing("save_fsdp_optimizer", _FSDP)
-
-
-def load_fsdp_optimizer(*args: Any, **kwargs: Any) -> NoReturn:
-    """Placeholder (FSDP): fails when called."""
-    _missing("load_fsdp_optimizer", _FSDP)
 
 
 class _PendingClass:
@@ -85,7 +64,6 @@ def map_pytorch_optim_to_deepspeed(*args: Any, **kwargs: Any) -> NoReturn:
     _missing("map_pytorch_optim_to_deepspeed", _DEEPSPEED)
 
 
-FSDP_NAMES = ["save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer", "load_fsdp_optimizer"]
 DEEPSPEED_NAMES = [
     "HfDeepSpeedConfig",
     "DummyOptim",
@@ -96,4 +74,4 @@ DEEPSPEED_NAMES = [
     "get_active_deepspeed_plugin",
     "map_pytorch_optim_to_deepspeed",
 ]
-__all__ = FSDP_NAMES + DEEPSPEED_NAMES
+__all__ = DEEPSPEED_NAMES

@@ -1,4 +1,4 @@
-"""Placeholders (see ``accel._pending``) for FSDP and DeepSpeed names that have not landed yet.
+"""Placeholders (see ``accel._pending``) for DeepSpeed names that have not landed yet (the FSDP ones have).
 
 Registered before every other table, so a real entry of the owning package replaces each one.
 """
@@ -9,10 +9,6 @@ TOP_LEVEL: dict[str, str] = {}
 UTILS: dict[str, str] = {
     name: _P
     for name in (
-        "save_fsdp_model",
-        "load_fsdp_model",
-        "save_fsdp_optimizer",
-        "load_fsdp_optimizer",
         "HfDeepSpeedConfig",
         "DummyOptim",
         "DummyScheduler",
@@ -25,5 +21,4 @@ UTILS: dict[str, str] = {
 }
 MODULES: dict[str, str] = {
     "accel.utils.deepspeed": _P,
-    "accel.utils.fsdp_utils": _P,
 }
