@@ -150,6 +150,17 @@ def tests(session: nox.Session, package: str) -> None:
     _pytest(session, f"tests-{package}", str(DISTS[package]["path"] / "tests"))
 
 
+@nox.session(tags=["ci"])
+@nox.parametrize("package", ORDER)
+def clean_install(session: nox.Session, package: str) -> None:
+    """One distribution installed alone with only its declared dependencies (no test extra, no
+    numpy/tqdm/psutil added by hand), then its smoke script in tools/smoke, run from an empty folder."""
+    _install_local(session, *_closure(package))
+    script = ROOT / "tools" / "smoke" / f"smoke_{package.replace('-', '_')}.py"
+    session.chdir(session.create_tmp())
+    session.run("python", str(script), env={"OMP_NUM_THREADS": "1"})
+
+
 TRACKER_EXTRAS = "tensorboard,wandb,comet_ml,aim,mlflow,clearml,dvclive,trackio,swanlab,test"
 
 
@@ -166,6 +177,24 @@ def integration(session: nox.Session) -> None:
     _install_local(session, *ORDER, extras={"accel": "test", "accel-train": "deepspeed"})
     session.install(*_constraints(), "numpy", "safetensors", "tqdm", "psutil")
     _pytest(session, "integration", str(ROOT / "integration_tests"))
+
+
+# Libraries that import the documented system by name, pinned; accel stands in for it through the
+# opt-in alias (ACCEL_PROVIDE_ACCELERATE=1, accel.accelerate_alias).
+CLIENT_PINS = {"transformers": "transformers==5.23.0", "peft": "peft==0.21.2"}
+
+
+@nox.session(tags=["ci"])
+def clients(session: nox.Session) -> None:
+    """transformers' Trainer (1 and 2 processes, resume, evaluation loss), from_pretrained with part of
+    the model on disk, and a peft LoRA adapter, on accel through the ``accelerate`` alias."""
+    _install_local(session, *ORDER, extras={"accel": "test"})
+    session.install(*_constraints(), CLIENT_PINS["transformers"])
+    # peft requires the real accelerate, which accel stands in for: peft without it, its other needs by hand
+    session.install(*_constraints(), "--no-deps", CLIENT_PINS["peft"])
+    session.install(*_constraints(), "psutil", "tqdm", "packaging", "pyyaml", "huggingface_hub")
+    session.run("python", "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('accelerate') is not None)")
+    _pytest(session, "clients", str(ROOT / "integration_tests" / "clients"))
 
 
 @nox.session(tags=["ci"])

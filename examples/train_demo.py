@@ -94,12 +94,14 @@ def evaluate(accelerator: Accelerator, model: nn.Module, loader) -> tuple[float,
     return correct / total, total
 
 
-def progress(accelerator: Accelerator, total: int, description: str):
+def progress(accelerator: Accelerator, total: int, description: str, initial: int = 0):
+    """A progress bar on the local main process (None elsewhere, or without tqdm); a resumed epoch's
+    bar starts at the batch where it resumes, not at 0%."""
     if accelerator.is_local_main_process:
         try:
             from tqdm.auto import tqdm
 
-            return tqdm(total=total, desc=description, dynamic_ncols=True, leave=True, mininterval=0.5)
+            return tqdm(total=total, initial=initial, desc=description, dynamic_ncols=True, leave=True, mininterval=0.5)
         except ImportError:
             pass
     return None
@@ -107,9 +109,8 @@ def progress(accelerator: Accelerator, total: int, description: str):
 
 def train_epoch(accelerator, model, optimizer, loader, scheduler, epoch, args, stop_after=None, state=None):
     """One epoch (or until ``stop_after`` batches); returns the mean loss of the batches seen."""
-    bar = progress(accelerator, len(loader), f"epoch {epoch + 1}/{args.epochs}")
-    if bar is not None and state is not None and state.get("resumed_batches"):
-        bar.update(state["resumed_batches"])
+    resumed = (state or {}).get("resumed_batches", 0)
+    bar = progress(accelerator, len(loader), f"epoch {epoch + 1}/{args.epochs}", initial=resumed)
     losses = []
     for batch_index, (points, labels) in enumerate(loader):
         with accelerator.accumulate(model):
@@ -148,7 +149,7 @@ def main() -> None:
     run_dir = os.path.join(args.output_dir, run_name)
     accelerator.project_configuration.set_directories(run_dir)
     accelerator.print(
-        f"accel demo: {accelerator.num_processes} process(es), {accelerator.distributed_type}, device {accelerator.device}, "
+        f"accel demo: {accelerator.num_processes} process(es), {accelerator.distributed_type.value}, device {accelerator.device}, "
         f"mixed precision {accelerator.mixed_precision}, gradient accumulation {args.gradient_accumulation_steps}"
     )
     accelerator.init_trackers("train_demo", config=vars(args))

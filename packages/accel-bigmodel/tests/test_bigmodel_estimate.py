@@ -86,3 +86,31 @@ def test_progress_only_when_asked_or_on_a_terminal() -> None:
     assert progress(items) is items  # pytest captures stderr: not a terminal
     bar = progress(items, total=3, enabled=True)
     assert bar is not items and list(bar) == items
+
+
+def test_cli_finds_a_factory_module_in_the_working_directory(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "my_local_models.py").write_text(
+        "import torch\n\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(100, 100), torch.nn.Linear(100, 10))\n"
+    )
+    # the console script, as a user runs it: the working directory is not on sys.path there
+    code = "import sys; from accel_bigmodel.commands.estimate import main; sys.exit(main(sys.argv[1:]))"
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", code, "my_local_models:build", "--dtypes", "float32"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "my_local_models:build" in result.stdout
+
+
+def test_documented_command_functions(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    parser = command.estimate_command_parser()
+    args = parser.parse_args(["test_bigmodel_estimate:build_net", "--dtypes", "float32"])
+    assert command.estimate_command(args) == 0
+    assert "float32" in capsys.readouterr().out
+    sub = argparse.ArgumentParser("accel").add_subparsers()
+    assert command.estimate_command_parser(sub).prog.endswith("estimate-memory")

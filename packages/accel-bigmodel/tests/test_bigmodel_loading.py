@@ -182,7 +182,8 @@ def test_disk_offload_from_bin_writes_offload_files(tmp_path: Path) -> None:
         device_map={"embed": "cpu", "blocks": "cpu", "head": "disk", "scale": "cpu"},
         offload_folder=tmp_path / "off",
     )
-    assert (tmp_path / "off" / "head.weight.dat").is_file()
+    assert list((tmp_path / "off").glob("*.dat")) == []  # one safetensors file, not one .dat per tensor
+    assert len(list((tmp_path / "off").glob("offload-*.safetensors"))) == 1
     ids = torch.randint(0, 32, (2, 5))
     with torch.no_grad():
         assert torch.equal(model(ids), reference(ids))

@@ -55,7 +55,7 @@ def _gather_for_metrics(loader: Any) -> list[int]:
     for batch in loader:
         gathered = gather(_ids(batch).contiguous())
         if loader.end_of_dataloader and loader.remainder > 0:
-            gathered = gathered[: len(gathered) - loader.remainder]
+            gathered = gathered[: loader.remainder]
         out.extend(gathered.tolist())
     return out
 

@@ -113,7 +113,8 @@ def test_end_of_dataloader_is_known_while_the_last_batch_is_used() -> None:
     assert not state.in_dataloader
     for _ in loader:
         seen.append((state.in_dataloader, state.end_of_dataloader, loader.end_of_dataloader, state.remainder))
-    assert seen == [(True, False, False, 0), (True, False, False, 0), (True, True, True, 0)]
+    # remainder = 7 % 3 = 1 real sample in the last batch, known from the start of the epoch
+    assert seen == [(True, False, False, 1), (True, False, False, 1), (True, True, True, 1)]
     assert not state.in_dataloader and state.active_dataloader is None
 
     # nested loaders: the inner one is active while it runs, then the outer one again
@@ -149,7 +150,8 @@ def test_simulated_processes_share_the_data_and_report_the_padding() -> None:
     for dl in per_process:
         for _ in dl:
             remainders.append((dl.end_of_dataloader, dl.remainder))
-    assert remainders[-1] == (True, 2)  # 12 samples read, 2 of them duplicates
+    # remainder: real samples in the last global batch (10 % 6); the other 2 of the 6 read there are duplicates
+    assert remainders[-1] == (True, 4)
 
     split = [
         prepare_data_loader(DataLoader(Range(10), batch_size=4), num_processes=2, process_index=p, split_batches=True)
@@ -164,7 +166,13 @@ def test_simulated_processes_share_the_data_and_report_the_padding() -> None:
     assert [[ids(b) for b in dl] for dl in uneven] == [[[0, 1, 2, 3], [8, 9]], [[4, 5, 6, 7]]]
     for dl in uneven:
         list(dl)
-        assert dl.remainder == 0
+        assert dl.remainder == 2  # 10 % 8: nothing duplicated, and the last global batch holds 2 samples
+    dropped = prepare_data_loader(DataLoader(Range(10), batch_size=4, drop_last=True), num_processes=2, process_index=0)
+    list(dropped)
+    assert dropped.remainder == -1  # the partial batch is dropped: nothing to cut
+    exact = prepare_data_loader(DataLoader(Range(12), batch_size=3), num_processes=2, process_index=0)
+    list(exact)
+    assert exact.remainder == 0
 
 
 def test_iterable_datasets_are_sharded_by_global_batch() -> None:
@@ -368,7 +376,8 @@ def test_dispatcher_in_one_process_and_custom_slice_fn() -> None:
     loader = prepare_data_loader(DataLoader(Stream(5), batch_size=2), put_on_device=True)
     assert isinstance(loader, DataLoaderDispatcher)
     assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4]]
-    assert loader.remainder == 0 and loader.end_of_dataloader
+    # length unknown until the end: the last global batch (size 2) held 1 real sample
+    assert loader.remainder == 1 and loader.end_of_dataloader
 
     calls = []
 

@@ -38,7 +38,7 @@ def test_attributes_single_process() -> None:
     assert accelerator.sync_gradients
     assert accelerator.gradient_accumulation_steps == 1
     assert not accelerator.optimizer_step_was_skipped
-    assert str(accelerator.distributed_type) == "NO"
+    assert accelerator.distributed_type == "NO" and str(accelerator.distributed_type) == "DistributedType.NO"
 
 
 def test_prepare_in_any_order_returns_same_order() -> None:

@@ -59,7 +59,12 @@ def test_top_level_and_utils_names_resolve_lazily_to_the_owners_objects() -> Non
 @pytest.mark.parametrize("alias", sorted(_exports.MODULES))
 def test_every_declared_module_alias_imports(alias: str) -> None:
     import importlib
+    import importlib.util
 
+    if alias == "accel.utils.rich" and importlib.util.find_spec("rich") is None:
+        with pytest.raises(ModuleNotFoundError, match=r"accel-launch\[rich\]"):
+            importlib.import_module(alias)
+        return
     module = importlib.import_module(alias)
     assert module is sys.modules[_exports.MODULES[alias]]
 
@@ -88,7 +93,8 @@ def test_declared_names_point_into_the_owning_packages() -> None:
     )
     for table in (_exports.TOP_LEVEL, _exports.UTILS, _exports.MODULES):
         for target in table.values():
-            assert target.split(".")[0] in owners, target
+            # accel._pending: placeholders for FSDP/DeepSpeed names until their owners provide them
+            assert target.split(".")[0] in owners or target == "accel._pending", target
 
 
 def test_utils_dataclasses_gathers_names_from_their_owners() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from accel_bigmodel.planning import DeviceKey, normalize_max_memory
+from accel_bigmodel.sizes import parse_size
 from accel_state.imports import is_psutil_available
 
 
@@ -45,13 +46,21 @@ def _accelerator_free() -> dict[DeviceKey, int]:
     return free
 
 
-def get_max_memory(max_memory: Mapping[Any, int | str] | None = None) -> dict[DeviceKey, int]:
-    """Free memory per device in bytes (accelerators first, then "cpu"), or ``max_memory`` validated and in bytes."""
+def get_max_memory(max_memory: Mapping[Any, int | float | str] | None = None) -> dict[DeviceKey, int]:
+    """Free memory per device in bytes (accelerators first, then "cpu"), or ``max_memory`` validated and in bytes.
+
+    As documented, a ``max_memory`` dict given here is also converted in place (sizes like "10GiB" and
+    fractional byte counts become ints), since callers read it back after the call.
+    """
     if max_memory is None:
         result = _accelerator_free()
         result["cpu"] = available_cpu_memory()
         return result
-    budgets = normalize_max_memory(max_memory)
+    budgets = normalize_max_memory(max_memory)  # type: ignore[arg-type]  # floats are parsed too
+    if isinstance(max_memory, dict):
+        for key, value in list(max_memory.items()):
+            if isinstance(value, (str, float)):
+                max_memory[key] = parse_size(value)
     indices = [d for d in budgets if isinstance(d, int)]
     if indices:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0

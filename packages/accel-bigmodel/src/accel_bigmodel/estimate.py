@@ -78,6 +78,22 @@ def format_table(model_name: str, rows: list[EstimateRow]) -> str:
     return "\n".join(lines)
 
 
+def _import_like_python_m(module_name: str) -> Any:
+    """Import ``module_name`` with the working directory on ``sys.path`` first, as ``python -m`` would
+    (the ``accel`` console script does not put it there)."""
+    import sys
+
+    here = os.getcwd()
+    added = here not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, here)
+    try:
+        return importlib.import_module(module_name)
+    finally:
+        if added:
+            sys.path.remove(here)
+
+
 def create_empty_model(
     model_name: str, library_name: str | None = None, trust_remote_code: bool = False, access_token: str | None = None
 ) -> nn.Module:
@@ -89,7 +105,7 @@ def create_empty_model(
     if ":" in model_name and not os.path.exists(model_name) and library_name in (None, "torch"):
         module_name, _, attr = model_name.partition(":")
         try:
-            factory = getattr(importlib.import_module(module_name), attr)
+            factory = getattr(_import_like_python_m(module_name), attr)
         except (ImportError, AttributeError) as err:
             raise ValueError(f"Cannot import the model factory {model_name!r}: {err}.") from None
         with init_empty_weights():
@@ -150,7 +166,7 @@ def _transformers_model(model_name: str, trust_remote_code: bool, access_token: 
     with init_empty_weights():
         if auto is transformers.AutoModel:
             return auto.from_config(config, trust_remote_code=trust_remote_code)
-        return auto(config)
+        return auto(config)  # type: ignore[return-value]
 
 
 def _timm_model(model_name: str) -> nn.Module:

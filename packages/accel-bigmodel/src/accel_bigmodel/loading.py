@@ -2,7 +2,8 @@
 
 The checkpoint is first compared with the model (missing and unexpected names, shape mismatches)
 from file headers only, before any weight moves. Weights mapped to "disk" that already sit in a
-safetensors file are indexed in place, never copied; other disk weights go to ``offload_folder``.
+safetensors file are indexed in place, never copied; other disk weights go to ``offload_folder``, one
+safetensors file per ``.bin`` file read.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 
 from accel_bigmodel.checkpoint import describe, is_safetensors, resolve_checkpoint
+from accel_bigmodel.offload import offload_state_dict as write_offload_file
 from accel_bigmodel.offload import offload_weight, save_offload_index
 from accel_bigmodel.planning import check_device_map, device_for
 from accel_bigmodel.progress import progress
@@ -167,6 +169,7 @@ def load_checkpoint_in_model(
         ):
             entry = opened[path]
             safetensors_file = is_safetensors(path)
+            bin_to_disk: dict[str, torch.Tensor] = {}
             for name, raw_item in entry.items():
                 item: Any = raw_item
                 current = expected.get(name)
@@ -183,8 +186,8 @@ def load_checkpoint_in_model(
                             "weight_name": name,
                             "dtype": dtype_name(wanted),
                         }
-                    else:
-                        offload_weight(item.to(wanted), name, str(offload_folder), index=offload_index)
+                    else:  # gathered and written as one safetensors file once this .bin is read
+                        bin_to_disk[name] = item.to(wanted)
                     continue
                 if device == "disk":
                     device = "cpu"
@@ -198,6 +201,9 @@ def load_checkpoint_in_model(
                     continue
                 value = maps.tensor(item) if safetensors_file else item
                 _place(modules, name, value, wanted, device)
+            if bin_to_disk:
+                offload_index.update(write_offload_file(str(offload_folder), bin_to_disk))
+                bin_to_disk.clear()
             opened[path] = None  # drop the .bin dict (and its memory map) once read
         for name, info in deferred.items():
             if info[0] == "dat":

@@ -186,9 +186,7 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
             return None
         info = self.index[key]
         if "safetensors_file" in info:
-            path = info["safetensors_file"]
-            if not os.path.isabs(path) and self.save_folder is not None:
-                path = os.path.join(self.save_folder, path)
+            path = self._safetensors_path(info["safetensors_file"])
             with self._lock:
                 header = self._headers.get(path)
                 if header is None:
@@ -201,6 +199,14 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
         dtype = dtype_from_name(info["dtype"])
         path = os.path.join(self.save_folder, f"{key}.dat")
         return TensorLocation(path, 0, dtype, tuple(info["shape"])), dtype
+
+    def _safetensors_path(self, path: str) -> str:
+        """Where an index's ``safetensors_file`` is: as written (absolute, or relative to the working
+        directory, as other writers of offload indexes mean it), else inside the offload folder."""
+        if os.path.isabs(path) or os.path.exists(path) or self.save_folder is None:
+            return path
+        inside = os.path.join(self.save_folder, path)
+        return inside if os.path.exists(inside) else path
 
     supports_zero_copy = True
 

@@ -28,15 +28,19 @@ _UNITS = {
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_size(size: int | str) -> int:
-    """Number of bytes in ``size``: an int passes through, "10GB" is 10**10, "10GiB" is 10 * 2**30."""
+def parse_size(size: int | float | str) -> int:
+    """Number of bytes in ``size``: an int passes through, a float is rounded down, "10GB" is 10**10,
+    "10GiB" is 10 * 2**30."""
     if isinstance(size, bool):
         raise TypeError(f"A memory size must be an int of bytes or a string like '10GiB', got {size!r}.")
     if isinstance(size, int):
         if size < 0:
             raise ValueError(f"A memory size cannot be negative, got {size}.")
         return size
-    if isinstance(size, float) and size.is_integer() and size >= 0:
+    if isinstance(size, float):
+        # callers compute budgets as fractions (``available * 0.9``): whole bytes, rounded down
+        if size != size or size in (float("inf"), float("-inf")) or size < 0:
+            raise ValueError(f"A memory size must be a finite number of bytes >= 0, got {size!r}.")
         return int(size)
     if not isinstance(size, str):
         raise TypeError(f"A memory size must be an int of bytes or a string like '10GiB', got {size!r}.")
@@ -51,7 +55,7 @@ def parse_size(size: int | str) -> int:
     return int(value)
 
 
-def convert_file_size_to_int(size: int | str) -> int:
+def convert_file_size_to_int(size: int | float | str) -> int:
     """Documented name of :func:`parse_size`."""
     return parse_size(size)
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
+from accel_data.adapter import DataLoaderAdapter
 from accel_data.config import DataLoaderConfiguration
 from accel_data.dispatch import DataLoaderDispatcher
 from accel_data.loaders import DataLoaderShard, DataLoaderStateMixin, SkipDataLoader
@@ -28,6 +29,7 @@ from accel_data.samplers import (
 
 __all__ = [
     "BatchSamplerShard",
+    "DataLoaderAdapter",
     "DataLoaderConfiguration",
     "DataLoaderDispatcher",
     "DataLoaderShard",

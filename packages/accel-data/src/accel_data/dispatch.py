@@ -149,9 +149,6 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
         size = getattr(self.batch_sampler, "batch_size", None) or self.batch_size or 1
         return int(size) * (1 if self.split_batches else self.num_slices)
 
-    def _padding(self) -> int:
-        return -1  # known when the last batch is read
-
     def __len__(self) -> int:
         whole = super().__len__()
         if not self.split_batches:
@@ -294,7 +291,11 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
                     # Nothing to cut: the batch goes on whole, non-tensor leaves included.
                     if is_last:
                         self.end_of_dataloader = True
-                        self.remainder = 0
+                        if self.remainder < 0 and not self._drop_last:  # length unknown before: now it is
+                            try:
+                                self.remainder = _batch_size(batch) % self.total_batch_size
+                            except (TypeError, ValueError):  # no tensor to count: nothing will be cut
+                                self.remainder = 0
                     self._progress.yielded += 1
                     yield batch
                     if is_last:
@@ -320,7 +321,8 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
                 batch = self.slice_fn(batch, data_slice, process_index=self.slice_index, num_processes=self.num_slices)
                 if is_last:
                     self.end_of_dataloader = True
-                    self.remainder = padding
+                    if self.remainder < 0 and not self._drop_last:  # length unknown before: now it is
+                        self.remainder = observed % self.total_batch_size
                 self._progress.yielded += 1
                 yield batch
                 if is_last:

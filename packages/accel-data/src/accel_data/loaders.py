@@ -16,7 +16,6 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
-from accel_data import sharding
 from accel_data.config import require_stateful_dataloader
 from accel_data.samplers import (
     BatchSamplerShard,
@@ -193,33 +192,21 @@ class DataLoaderStateMixin:
         dataset = self.dataset  # type: ignore[attr-defined]
         return int(dataset.total_length) if isinstance(dataset, IterableDatasetShard) else len(dataset)
 
-    def _padding(self) -> int:
-        """Duplicated samples in the last global batch (-1 when the dataset length is unknown)."""
+    def _samples_in_last_batch(self) -> int:
+        """``remainder``: real samples in the last global batch, the dataset length modulo the global
+        batch size (0 when it divides evenly; -1 when the length is unknown or the last batch is dropped).
+
+        ``gather_for_metrics`` keeps that many leading entries of the last gathered batch, which drops
+        the duplicates added to even it out, also when a caller expanded each sample (one loss per sample).
+        """
+        if self._drop_last:
+            return -1
         try:
             length = self.total_dataset_length
+            total = self.total_batch_size
         except TypeError:
             return -1
-        dataset = self.dataset  # type: ignore[attr-defined]
-        if isinstance(dataset, IterableDatasetShard):
-            return sharding.padded_samples(
-                length,
-                batch_size=dataset.batch_size,
-                num_processes=dataset.num_processes,
-                split_batches=dataset.split_batches,
-                even_batches=True,
-                drop_last=dataset.drop_last,
-            )
-        shard = self._sharding_sampler()
-        if shard is None or shard.batch_size is None:
-            return 0
-        return sharding.padded_samples(
-            length,
-            batch_size=shard.batch_size,
-            num_processes=shard.num_processes,
-            split_batches=shard.split_batches,
-            even_batches=shard.even_batches,
-            drop_last=shard.drop_last,
-        )
+        return length % total if total > 0 else -1
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch of this loader and pass it to its batch sampler and every sampler inside it that
@@ -240,7 +227,7 @@ class DataLoaderStateMixin:
         from accel_state.state import GradientState
 
         self.end_of_dataloader = False
-        self.remainder = self._padding()
+        self.remainder = self._samples_in_last_batch()
         self.gradient_state = GradientState()  # a fresh handle survives GradientState._reset_state()
         self.gradient_state._add_dataloader(self)
 

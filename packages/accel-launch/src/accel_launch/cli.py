@@ -87,9 +87,23 @@ def discover() -> dict[str, str]:
     return found
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: the versions of the installed accel distributions, looked up only when asked."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: object, values: object, option: object = None
+    ) -> None:
+        from accel_launch.commands.env import version_line
+
+        sys.stdout.write(version_line() + "\n")
+        parser.exit()
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The ``accel`` parser with every sub-command (or just ``only``, one of accel-launch's own)."""
-    from accel_launch import __version__
     from accel_launch.launch_args import AccelArgumentParser
 
     parser = AccelArgumentParser(
@@ -98,7 +112,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         description="accel: launch and configure PyTorch training on any hardware.",
         allow_abbrev=False,
     )
-    parser.add_argument("--version", action="version", version=f"accel-launch {__version__}")
+    parser.add_argument("--version", action=_VersionAction, help="Print the installed accel distributions' versions.")
     subparsers = parser.add_subparsers(title="commands", metavar="<command>")
     commands = {only: OWN_COMMANDS[only]} if only is not None else discover()
     for name in sorted(commands):

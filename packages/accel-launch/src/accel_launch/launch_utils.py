@@ -156,7 +156,7 @@ class PrepareForLaunch:
 
     def __init__(self, launcher: Any, distributed_type: str = "NO", debug: bool = False) -> None:
         self.launcher = launcher
-        self.distributed_type = str(distributed_type)
+        self.distributed_type = str(getattr(distributed_type, "value", distributed_type))
         self.debug = debug
 
     def __call__(self, index: int, *args: Any) -> Any:

@@ -382,6 +382,11 @@ def build_env(
         protocol["ACCELERATE_USE_PARALLELISM_CONFIG"] = True
         for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_comm_strategy"):
             protocol[f"PARALLELISM_CONFIG_{name.upper()}"] = values[f"parallelism_config_{name}"]
+        for name in ("cp_backend", "sp_size", "sp_backend"):
+            protocol[f"PARALLELISM_CONFIG_{name.upper()}"] = values.get(f"parallelism_config_{name}")
+        if (values.get("parallelism_config_sp_size") or 1) > 1:
+            for name in ("sp_seq_length", "sp_seq_length_is_variable", "sp_attn_implementation"):
+                protocol[f"PARALLELISM_CONFIG_{name.upper()}"] = values.get(f"parallelism_config_{name}")
     env = env_vars.encode(protocol)
 
     threads = values.get("num_cpu_threads_per_process")
@@ -498,4 +503,31 @@ def _megatron_env(values: Mapping[str, Any]) -> dict[str, Any]:
         value = values.get(f"megatron_lm_{name}")
         if value is not None:
             env[f"MEGATRON_LM_{name.upper()}"] = bool(value)
+    for name in MEGATRON_EXTENDED:  # the newer settings: passed on when set
+        if values.get(f"megatron_lm_{name}") is not None:
+            env[f"MEGATRON_LM_{name.upper()}"] = values[f"megatron_lm_{name}"]
     return env
+
+
+MEGATRON_EXTENDED = (
+    "use_custom_fsdp",
+    "no_load_optim",
+    "eod_mask_loss",
+    "no_save_optim",
+    "optimizer_cpu_offload",
+    "use_precision_aware_optimizer",
+    "overlap_cpu_optimizer_d2h_h2d",
+    "decoder_last_pipeline_num_layers",
+    "recompute_granularity",
+    "recompute_method",
+    "recompute_num_layers",
+    "attention_backend",
+    "expert_model_parallel_size",
+    "context_parallel_size",
+    "attention_dropout",
+    "hidden_dropout",
+    "attention_softmax_in_fp32",
+    "expert_tensor_parallel_size",
+    "calculate_per_token_loss",
+    "use_rotary_position_embeddings",
+)

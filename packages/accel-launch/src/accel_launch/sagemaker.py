@@ -59,9 +59,10 @@ def sagemaker_job_args(
         raise ConfigError(f"SageMaker runs Python scripts; {plan.training_script!r} does not end in .py")
     env = dict(plan.env)
     env["ACCELERATE_USE_SAGEMAKER"] = "true"
-    env["ACCELERATE_SAGEMAKER_DISTRIBUTED_TYPE"] = str(config.distributed_type)
+    mode = str(getattr(config.distributed_type, "value", config.distributed_type))
+    env["ACCELERATE_SAGEMAKER_DISTRIBUTED_TYPE"] = mode
     distribution = None
-    if str(config.distributed_type) == "DATA_PARALLEL":
+    if mode == "DATA_PARALLEL":
         distribution = {"smdistributed": {"dataparallel": {"enabled": True}}}
     metrics = [{"Name": name, "Regex": regex} for name, regex in _read_tsv(config.sagemaker_metrics_file, 2)]
     inputs = {name: uri for name, uri in _read_tsv(config.sagemaker_inputs_file, 2)} or None

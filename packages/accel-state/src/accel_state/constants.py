@@ -61,6 +61,14 @@ FSDP_PYTORCH_VERSION = "2.1.0"
 FSDP2_PYTORCH_VERSION = "2.6.0"
 XPU_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.4.0"
 
+# Choices of the FSDP and DeepSpeed settings (as the config file and the launcher spell them).
+FSDP_SHARDING_STRATEGY = ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"]
+FSDP_AUTO_WRAP_POLICY = ["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
+FSDP_BACKWARD_PREFETCH = ["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]
+FSDP_STATE_DICT_TYPE = ["FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"]
+DEEPSPEED_MULTINODE_LAUNCHERS = ["pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm"]
+TORCH_DYNAMO_MODES = ["default", "reduce-overhead", "max-autotune"]
+
 
 #: Names whose value needs torch: built on first access (module ``__getattr__``), so importing this
 #: module stays free of torch.

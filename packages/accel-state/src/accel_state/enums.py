@@ -24,14 +24,26 @@ class _StrEnum(str, enum.Enum):
         """Member for ``value`` (member, value or name, case-insensitive), else a clear error."""
         if isinstance(value, cls):
             return value
-        text = str(value).strip()
+        text = str(value.value if isinstance(value, enum.Enum) else value).strip()
         for member in cls:
             if text.lower() in (member.value.lower(), member.name.lower()):
                 return member
         raise ValueError(f"{value!r} is not a valid {cls.__name__}; choose one of {cls.list()}")
 
 
-class DistributedType(_StrEnum):
+class _NamedStrEnum(_StrEnum):
+    """A string enum that prints as ``Class.MEMBER`` (``str()`` and f-strings), as the documented
+    ``DistributedType``, ``SageMakerDistributedType`` and ``ComputeEnvironment`` do; it still compares
+    equal to its value, and ``.value`` is the plain string."""
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}.{self.name}"
+
+    def __format__(self, format_spec: str) -> str:
+        return format(str(self), format_spec)
+
+
+class DistributedType(_NamedStrEnum):
     """How the processes of a run are organised."""
 
     NO = "NO"
@@ -50,7 +62,7 @@ class DistributedType(_StrEnum):
     MEGATRON_LM = "MEGATRON_LM"
 
 
-class SageMakerDistributedType(_StrEnum):
+class SageMakerDistributedType(_NamedStrEnum):
     """Distribution modes of Amazon SageMaker."""
 
     NO = "NO"
@@ -58,7 +70,7 @@ class SageMakerDistributedType(_StrEnum):
     MODEL_PARALLEL = "MODEL_PARALLEL"
 
 
-class ComputeEnvironment(_StrEnum):
+class ComputeEnvironment(_NamedStrEnum):
     """Where the run happens."""
 
     LOCAL_MACHINE = "LOCAL_MACHINE"

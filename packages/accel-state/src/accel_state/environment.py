@@ -98,6 +98,127 @@ def get_cpu_distributed_information() -> dict[str, int]:
     }
 
 
+def purge_accelerate_environment(func_or_cls: Any) -> Any:
+    """Decorator: ``ACCELERATE_*`` variables that the decorated function (or each ``test*`` method of the
+    decorated class) sets or changes are put back as they were when it returns or raises."""
+    import functools
+    import inspect
+
+    def wrap(function: Any) -> Any:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            before = {k: v for k, v in os.environ.items() if k.startswith("ACCELERATE_")}
+            try:
+                return function(*args, **kwargs)
+            finally:
+                for key in [k for k in os.environ if k.startswith("ACCELERATE_")]:
+                    if key not in before:
+                        del os.environ[key]
+                os.environ.update(before)
+
+        return wrapper
+
+    if inspect.isclass(func_or_cls):
+        for name, member in list(vars(func_or_cls).items()):
+            if callable(member) and (name.startswith("test") or name in ("setUp", "tearDown")):
+                setattr(func_or_cls, name, wrap(member))
+        return func_or_cls
+    return wrap(func_or_cls)
+
+
+def get_current_device_type() -> tuple[str, str]:
+    """(torch device type, distributed-type suffix) of the accelerator this machine uses:
+    ``("cuda", "GPU")``, ``("xpu", "XPU")``, ... or ``("cpu", "CPU")``."""
+    from accel_state import imports
+
+    if imports.is_torch_xla_available():
+        return "xla", "XLA"
+    for device, check in (
+        ("mlu", imports.is_mlu_available),
+        ("sdaa", imports.is_sdaa_available),
+        ("musa", imports.is_musa_available),
+        ("npu", imports.is_npu_available),
+        ("hpu", imports.is_hpu_available),
+        ("xpu", imports.is_xpu_available),
+    ):
+        if check():
+            return device, device.upper()
+    if imports.is_cuda_available():
+        return "cuda", "GPU"
+    if imports.is_mps_available():
+        return "mps", "MPS"
+    return "cpu", "CPU"
+
+
+def get_gpu_info() -> tuple[list[str], int]:
+    """(names of the NVIDIA GPUs, their count), from ``nvidia-smi``; ([], 0) where there is none."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return [], 0
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=gpu_name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return [], 0
+    names = [line.strip() for line in out.splitlines() if line.strip()]
+    return names, len(names)
+
+
+def check_cuda_p2p_ib_support() -> bool:
+    """False on NVIDIA consumer GPUs (RTX 3090 / 4000 series) with several GPUs and a driver before
+    550, where peer-to-peer and InfiniBand must be disabled (``NCCL_P2P_DISABLE=1``,
+    ``NCCL_IB_DISABLE=1``); True otherwise."""
+    import shutil
+    import subprocess
+
+    names, count = get_gpu_info()
+    unsupported = ("RTX 3090", "RTX 40")
+    if count <= 1 or not any(marker in name for name in names for marker in unsupported):
+        return True
+    smi = shutil.which("nvidia-smi")
+    try:
+        driver = subprocess.run(
+            [smi or "nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.splitlines()[0]
+        return int(driver.split(".")[0]) >= 550
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return False
+
+
+def set_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
+    """Pin this process to the CPUs of the NUMA node of its GPU (NVIDIA, Linux, with pynvml); nothing
+    elsewhere. ``verbose`` (or ``ACCELERATE_DEBUG_MODE``) logs the CPUs chosen."""
+    import math
+
+    from accel_state import imports
+
+    if not (imports.is_cuda_available() and imports.is_pynvml_available() and hasattr(os, "sched_setaffinity")):
+        return
+    import pynvml  # type: ignore[import-not-found]
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(local_process_index)
+    words = math.ceil((os.cpu_count() or 1) / 64)
+    mask = pynvml.nvmlDeviceGetCpuAffinity(handle, words)
+    cpus = [word_index * 64 + bit for word_index, word in enumerate(mask) for bit in range(64) if word >> bit & 1]
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    if verbose or (verbose is None and parse_flag_from_env("ACCELERATE_DEBUG_MODE")):
+        print(f"Assigning {len(cpus)} CPUs to process {local_process_index}: {cpus}")
+
+
 #: Oldest Linux kernel on which multi-process runs are known not to hang.
 MINIMUM_LINUX_KERNEL = "5.5.0"
 

@@ -394,3 +394,55 @@ def is_import_timer_available() -> bool:
 
 def get_ccl_version() -> str:
     return importlib.metadata.version("oneccl_bind_pt")
+
+
+def is_pytest_available() -> bool:
+    return _is_package_available("pytest")
+
+
+def is_weights_only_available() -> bool:
+    """True when ``torch.load(weights_only=True)`` is there (torch >= 2.4 also knows safe globals)."""
+    from accel_state.versions import is_torch_version
+
+    return is_torch_version(">=", "2.4.0")
+
+
+@lru_cache(maxsize=1)
+def is_rocm_available() -> bool:
+    """True when torch is a ROCm (HIP) build."""
+    import torch
+
+    return getattr(torch.version, "hip", None) is not None
+
+
+@lru_cache(maxsize=1)
+def is_xccl_available() -> bool:
+    """True when torch.distributed has the XCCL backend (Intel GPUs, torch >= 2.7)."""
+    import torch.distributed as dist
+
+    check = getattr(dist, "is_xccl_available", None)
+    return bool(dist.is_available() and check is not None and check())
+
+
+def is_neuron_available() -> bool:
+    """True when AWS Neuron's torch integration (torch_neuronx) is installed."""
+    return _is_package_available("torch_neuronx")
+
+
+@lru_cache(maxsize=1)
+def is_habana_gaudi1() -> bool:
+    """True on an Intel Gaudi 1 accelerator (HPU of the first generation)."""
+    if not is_hpu_available():
+        return False
+    import habana_frameworks.torch.utils.experimental as htexp  # type: ignore[import-not-found]
+
+    return bool(htexp._get_device_type() == htexp.synDeviceType.synDeviceGaudi)
+
+
+def is_torchvision_v2_available() -> bool:
+    return is_torchvision_available() and compare_versions(importlib.metadata.version("torchvision"), ">=", "0.15")
+
+
+def is_amdsmi_available() -> bool:
+    """True when AMD's amdsmi Python bindings are installed (GPU monitoring on ROCm)."""
+    return _is_package_available("amdsmi")

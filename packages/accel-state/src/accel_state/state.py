@@ -529,7 +529,8 @@ class GradientState:
 
     @property
     def remainder(self) -> int:
-        """Number of padded samples in the last batch of the active loader (-1 when unknown)."""
+        """Real samples in the last global batch of the active loader (dataset length modulo the global
+        batch size; 0 when it divides evenly, -1 when unknown)."""
         return int(getattr(self.active_dataloader, "remainder", -1)) if self.in_dataloader else -1
 
     @property

@@ -26,7 +26,11 @@ class ProcessOpsMixin:
         return operations.gather(tensor)
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """Gather for metric computation, dropping the samples duplicated to even out the last batch."""
+        """Gather for metric computation, dropping the samples duplicated to even out the last batch.
+
+        On the last batch of a loader whose length is known, only the first ``remainder`` entries (the
+        real samples of that global batch) are kept; -1 (unknown length) or 0 (no partial batch) keeps all.
+        """
         try:
             recursively_apply(lambda x: x, input_data, error_on_other_type=True)
             all_tensors = True
@@ -37,12 +41,12 @@ class ProcessOpsMixin:
         gradient_state = self.gradient_state
         if not gradient_state.end_of_dataloader:
             return data
-        duplicated = gradient_state.remainder  # samples repeated to even out the last batch (-1: unknown)
-        if duplicated <= 0:
+        real = gradient_state.remainder  # real samples in the last global batch (-1: unknown, 0: it was full)
+        if real <= 0:
             return data
         if use_gather_object:
-            return data[: len(data) - duplicated]
-        return recursively_apply(lambda tensor: tensor[: tensor.shape[0] - duplicated], data)
+            return data[:real]
+        return recursively_apply(lambda tensor: tensor[:real], data)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """Reduce (nested) tensors across processes with ``sum``, ``mean`` or ``none``."""

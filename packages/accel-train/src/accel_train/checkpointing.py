@@ -258,3 +258,110 @@ def torch_device(value: Any, default: torch.device) -> Any:
     if value in (None, "on_device"):
         return default
     return value
+
+
+# -- the documented module-level functions (for code that checkpoints without an Accelerator) ----------
+
+
+def _model_path(folder: str, index: int) -> str:
+    for safe in (True, False):
+        path = os.path.join(folder, model_file(index, safe))
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError(f"{folder} holds no {model_file(index, True)} or {model_file(index, False)}")
+
+
+def save_accelerator_state(
+    output_dir: str | os.PathLike[str],
+    model_states: list[dict[str, torch.Tensor]],
+    optimizers: list[Any],
+    schedulers: list[Any],
+    dataloaders: list[Any],
+    process_index: int,
+    step: int | None = None,
+    scaler: Any = None,
+    save_on_each_node: bool = False,
+    safe_serialization: bool = True,
+) -> str:
+    """Write models, optimizers, schedulers, loader positions, scaler and this process's random states
+    into ``output_dir`` in the layout ``Accelerator.save_state`` uses (process 0 writes the shared files,
+    or each machine's first process with ``save_on_each_node``); returns ``output_dir``.
+
+    ``step`` is accepted for compatibility; accel keeps no step counter in the random-state file.
+    """
+    from accel_train import checkpoint_io as io
+
+    folder = os.fspath(output_dir)
+    os.makedirs(folder, exist_ok=True)
+    local_main = int(os.environ.get("LOCAL_RANK", process_index)) == 0
+    if process_index == 0 or (save_on_each_node and local_main):
+        for index, state in enumerate(model_states):
+            io.save_weights(state, os.path.join(folder, model_file(index, safe_serialization)), safe_serialization)
+        for index, optimizer in enumerate(optimizers):
+            io.save_torch(optimizer.state_dict(), os.path.join(folder, optimizer_file(index)))
+        for index, scheduler in enumerate(schedulers):
+            io.save_torch(scheduler.state_dict(), os.path.join(folder, scheduler_file(index)))
+        for index, loader in enumerate(dataloaders):
+            if hasattr(loader, "state_dict"):
+                io.save_torch(loader.state_dict(), os.path.join(folder, dataloader_file(index)))
+        if scaler is not None:
+            io.save_torch(scaler.state_dict(), os.path.join(folder, SCALER_NAME))
+    io.save_rng(os.path.join(folder, rng_file(process_index)))
+    return folder
+
+
+def load_accelerator_state(
+    input_dir: str | os.PathLike[str],
+    models: list[torch.nn.Module],
+    optimizers: list[Any],
+    schedulers: list[Any],
+    dataloaders: list[Any],
+    process_index: int,
+    scaler: Any = None,
+    map_location: Any = None,
+    load_kwargs: dict[str, Any] | None = None,
+    **load_model_func_kwargs: Any,
+) -> dict[str, Any]:
+    """Restore what :func:`save_accelerator_state` wrote into the given objects (never unpickling);
+    returns the attributes to override on the caller (none are kept by accel: an empty dict)."""
+    from accel_train import checkpoint_io as io
+
+    folder = os.fspath(input_dir)
+    device = map_location if map_location not in (None, "on_device") else "cpu"
+    strict = load_model_func_kwargs.pop("strict", True)
+    for index, model in enumerate(models):
+        path = _model_path(folder, index)
+        io.load_into_model(model, io.load_weights(path, device), path, strict=strict)
+    optimizer_location = (load_kwargs or {}).get("map_location", device)
+    for index, optimizer in enumerate(optimizers):
+        optimizer.load_state_dict(io.load_torch(os.path.join(folder, optimizer_file(index)), optimizer_location))
+    for index, scheduler in enumerate(schedulers):
+        scheduler.load_state_dict(io.load_torch(os.path.join(folder, scheduler_file(index))))
+    for index, loader in enumerate(dataloaders):
+        path = os.path.join(folder, dataloader_file(index))
+        if hasattr(loader, "load_state_dict") and os.path.isfile(path):
+            loader.load_state_dict(io.load_torch(path))
+    if scaler is not None:
+        scaler.load_state_dict(io.load_torch(os.path.join(folder, SCALER_NAME)))
+    rng_path = os.path.join(folder, rng_file(process_index))
+    if os.path.isfile(rng_path):
+        io.load_rng(rng_path)
+    return {}
+
+
+def save_custom_state(obj: Any, path: str | os.PathLike[str], index: int = 0, save_on_each_node: bool = False) -> None:
+    """Write ``obj.state_dict()`` to ``<path>/custom_checkpoint_<index>.pkl`` (the save_state layout).
+
+    ``save_on_each_node`` is accepted for compatibility: the caller decides which process calls it.
+    """
+    from accel_train import checkpoint_io as io
+
+    os.makedirs(os.fspath(path), exist_ok=True)
+    io.save_torch(obj.state_dict(), os.path.join(os.fspath(path), custom_file(index)))
+
+
+def load_custom_state(obj: Any, path: str | os.PathLike[str], index: int = 0) -> None:
+    """Restore ``obj`` from ``<path>/custom_checkpoint_<index>.pkl`` (never unpickling objects)."""
+    from accel_train import checkpoint_io as io
+
+    obj.load_state_dict(io.load_torch(os.path.join(os.fspath(path), custom_file(index))))

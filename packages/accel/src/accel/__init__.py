@@ -17,8 +17,17 @@ _aliases.install(_exports.MODULES)
 __all__ = ["__version__", *sorted(_exports.TOP_LEVEL)]
 
 
+_SUBMODULES = {path.split(".")[1] for path in _exports.MODULES if path.count(".") == 1} | {"commands", "utils"}
+
+
 def __getattr__(name: str) -> Any:
-    value = _aliases.lazy_attribute("accel", name, _exports.TOP_LEVEL)
+    if name not in _exports.TOP_LEVEL and name in _SUBMODULES:
+        # documented sub-modules are attributes of the package, as after the documented system's import
+        import importlib
+
+        value = importlib.import_module(f"accel.{name}")
+    else:
+        value = _aliases.lazy_attribute("accel", name, _exports.TOP_LEVEL)
     globals()[name] = value
     return value
 

@@ -13,6 +13,31 @@ if TYPE_CHECKING:  # typing is not imported at run time: `accel --help` stays fa
 DESCRIPTION = "Print the versions, platform, devices, memory and config file in use (paste it into an issue)."
 
 
+# Every accel distribution, the meta-package first: what `accel env` and `accel --version` report.
+DISTRIBUTIONS = (
+    "accel",
+    "accel-state",
+    "accel-data",
+    "accel-bigmodel",
+    "accel-quant",
+    "accel-tracking",
+    "accel-train",
+    "accel-launch",
+)
+
+
+def installed_versions() -> dict[str, str]:
+    """Version of each accel distribution installed here (those not installed are left out)."""
+    versions = {name: _version(name) for name in DISTRIBUTIONS}
+    return {name: value for name, value in versions.items() if value != "not installed"}
+
+
+def version_line() -> str:
+    """``accel --version``: the installed accel distributions and their versions, on one line."""
+    versions = installed_versions()
+    return ", ".join(f"{name} {value}" for name, value in versions.items())
+
+
 def _version(name: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -40,7 +65,7 @@ def environment_info(config_file: str | None = None) -> dict[str, Any]:
 
     machine = detect_machine()
     info: dict[str, Any] = {
-        "`accel` version": _version("accel-launch"),
+        "`accel` version": _version("accel") if _version("accel") != "not installed" else _version("accel-launch"),
         "Platform": platform.platform(),
         "`accel` bash location": _which_accel(),
         "Python version": platform.python_version(),
@@ -56,15 +81,7 @@ def environment_info(config_file: str | None = None) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(0)
         info["GPU type"] = torch.cuda.get_device_name(0)
         info["GPU memory"] = f"{props.total_memory / 2**30:.2f} GiB"
-    for package in (
-        "accel-state",
-        "accel-data",
-        "accel-bigmodel",
-        "accel-quant",
-        "accel-tracking",
-        "accel-train",
-        "accel",
-    ):
+    for package in DISTRIBUTIONS:
         info[f"{package} version"] = _version(package)
     info["config"] = _config_lines(config_file)
     return info
@@ -128,6 +145,20 @@ def _fill(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     sys.stdout.write(format_info(environment_info(args.config_file)))
     return 0
+
+
+def env_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The ``env`` parser, added to ``subparsers`` when given, else standalone."""
+    if subparsers is not None:
+        return add_parser(subparsers)
+    parser = argparse.ArgumentParser("accel env", description=DESCRIPTION)
+    _fill(parser)
+    return parser
+
+
+def env_command(args: argparse.Namespace) -> int:
+    """Print ``accel env``'s report for parsed ``args``."""
+    return run(args)
 
 
 def main(argv: list[str] | None = None) -> int:

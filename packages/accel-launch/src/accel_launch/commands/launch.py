@@ -72,6 +72,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
+def launch_command(args: argparse.Namespace) -> int:
+    """Run ``accel launch`` with arguments parsed by :func:`launch_command_parser` (for code that drives it)."""
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = launch_command_parser()
     args = parser.parse_args(argv)

@@ -160,6 +160,20 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
+def tpu_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The ``tpu-config`` parser, added to ``subparsers`` when given, else standalone."""
+    if subparsers is not None:
+        return add_parser(subparsers)
+    parser = argparse.ArgumentParser("accel tpu-config")
+    _fill(parser)
+    return parser
+
+
+def tpu_command_launcher(args: argparse.Namespace) -> int:
+    """Run ``accel tpu-config`` with parsed ``args``."""
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser("accel tpu-config", description=DESCRIPTION)
     _fill(parser)

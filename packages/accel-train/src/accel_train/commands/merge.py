@@ -65,6 +65,21 @@ def _size(value: str | None) -> int | str | None:
     return int(value) if value.isdigit() else value
 
 
+def merge_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The ``merge-weights`` parser, added to ``subparsers`` when given, else standalone."""
+    if subparsers is not None:
+        return add_parser(subparsers)
+    parser = argparse.ArgumentParser("accel merge-weights")
+    _add_arguments(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def merge_command(args: argparse.Namespace) -> int:
+    """Run ``accel merge-weights`` with parsed ``args``."""
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser("accel merge-weights")
     _add_arguments(parser)

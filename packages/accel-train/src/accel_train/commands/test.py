@@ -56,15 +56,52 @@ def run(args: argparse.Namespace) -> int:
         command = [sys.executable]
     command.append(script_path())
     print("Running: " + " ".join(command), flush=True)
-    result = subprocess.run(command, check=False)
-    if result.returncode == 0:
+    returncode, failed_checks = _run_and_watch(command)
+    if returncode == 0:
         print("Test is a success! You are ready for your distributed training!")
-    else:
+    elif failed_checks:
         print(
-            f"accel test: the self-test failed (exit status {result.returncode}); see the FAIL lines above.",
+            f"accel test: the self-test failed (exit status {returncode}): {', '.join(failed_checks)}; "
+            "see the FAIL lines above.",
             file=sys.stderr,
         )
-    return result.returncode
+    else:
+        print(
+            f"accel test: the self-test stopped (exit status {returncode}) before it could report its checks: "
+            "a process failed while starting or setting up; its error is printed above.",
+            file=sys.stderr,
+        )
+    return returncode
+
+
+def _run_and_watch(command: list[str]) -> tuple[int, list[str]]:
+    """Run ``command``, passing its output through as it comes; return its exit status and the names
+    of the checks it reported as failed (``FAIL  <name> (process i):`` lines)."""
+    import threading
+
+    failed: list[str] = []
+
+    def pump(source: Any, sink: Any) -> None:
+        for line in iter(source.readline, ""):
+            sink.write(line)
+            sink.flush()
+            if line.startswith("FAIL  "):
+                name = line[len("FAIL  ") :].split(" (process", 1)[0].strip()
+                if name not in failed:
+                    failed.append(name)
+        source.close()
+
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    threads = [
+        threading.Thread(target=pump, args=(process.stdout, sys.stdout), daemon=True),
+        threading.Thread(target=pump, args=(process.stderr, sys.stderr), daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    returncode = process.wait()
+    for thread in threads:
+        thread.join()
+    return returncode, failed
 
 
 def test_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:

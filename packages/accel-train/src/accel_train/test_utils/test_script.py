@@ -181,7 +181,7 @@ def main(end_training: bool = True) -> int:
     failed_anywhere = sorted({name for per_rank in all_failures for name in per_rank})
     accelerator.print(
         f"{len(RESULTS) - len(failures)}/{len(RESULTS)} checks passed on {accelerator.num_processes} process(es), "
-        f"{accelerator.distributed_type}, mixed precision {accelerator.mixed_precision}"
+        f"{accelerator.distributed_type.value}, mixed precision {accelerator.mixed_precision}"
         + (f"; failed: {', '.join(failed_anywhere)}" if failed_anywhere else "")
     )
     if end_training:

@@ -19,6 +19,42 @@ _PATH_HELP = (
 )
 
 
+# Names of the config-file module that the documented ``commands.config`` package also offers
+# (libraries import ``default_config_file`` and ``load_config_from_file`` from it); read lazily, so
+# that ``default_config_file`` follows ``HF_HOME`` and ``accel --help`` does not import them.
+_FROM_CONFIG_ARGS = (
+    "default_config_file",
+    "default_yaml_config_file",
+    "default_json_config_file",
+    "cache_dir_path",
+    "hf_cache_home",
+    "load_config_from_file",
+    "ClusterConfig",
+    "SageMakerConfig",
+    "BaseConfig",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_CONFIG_ARGS:
+        from accel_launch.commands.config import config_args
+
+        return getattr(config_args, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def get_config_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The ``config`` parser, on ``subparsers`` when given (the documented programmatic entry)."""
+    if subparsers is None:
+        return _fill(argparse.ArgumentParser("accel config", description=DESCRIPTION))
+    return add_parser(subparsers)
+
+
+def config_command(args: argparse.Namespace) -> int:
+    """Run ``accel config`` with parsed ``args`` (the questionnaire, or the chosen sub-command)."""
+    return int(args.func(args) or 0)
+
+
 def _fill(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     from accel_launch.commands.config import default, update
 

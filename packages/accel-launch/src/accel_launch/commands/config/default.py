@@ -60,8 +60,9 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | None = 
     path = Path(save_location) if save_location is not None else default_yaml_config_path()
     if path.exists():
         print(
-            f"Configuration already exists at {path}, will not override. Run `accel config` or pass a different "
-            "`save_location`.",
+            f"Configuration already exists at {path}, will not override. Run `accel config` to change it, or "
+            "write another file with `accel config default --config_file PATH` "
+            "(`save_location=PATH` from Python).",
             file=sys.stderr,
         )
         return False

@@ -1,0 +1,111 @@
+"""transformers' Trainer, from_pretrained(device_map=...) and peft on accel, through the opt-in
+``accelerate`` alias (ACCEL_PROVIDE_ACCELERATE=1). Skipped unless transformers and peft are installed
+and the real ``accelerate`` is not (``nox -s clients`` installs them, pinned)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None or importlib.util.find_spec("peft") is None,
+    reason="needs transformers and peft (nox -s clients installs them)",
+)
+
+
+def _env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "ACCEL_PROVIDE_ACCELERATE": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+    }
+
+
+def _run(args: list[str], cwd: pathlib.Path, processes: int) -> str:
+    launcher = (
+        [sys.executable]
+        if processes == 1
+        else [sys.executable, "-m", "accel_launch.cli", "launch", "--cpu", "--num_processes", str(processes)]
+    )
+    done = subprocess.run(
+        [*launcher, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
+    return done.stdout
+
+
+def _accelerate_is_accel() -> None:
+    code = (
+        "import importlib.metadata as m, accelerate, accel, accelerate.utils.modeling as a, "
+        "accel_bigmodel.modeling as b; assert accelerate is accel and a is b; print(m.version('accelerate'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, check=True)
+    assert "+accel." in out.stdout
+
+
+def _hand_eval_loss(weights: dict[str, torch.Tensor], processes: int) -> float:
+    from accel import accelerate_alias
+
+    assert accelerate_alias.install()  # the switch, in this process (transformers imports accelerate)
+    sys.path.insert(0, str(HERE))
+    try:
+        from trainer_run import Tokens, model
+    finally:
+        sys.path.remove(str(HERE))
+    net = model().eval()
+    net.load_state_dict(weights)
+    data = Tokens(10, seed=2)
+    # the global batches each process evaluates: 10 samples, 4 per process; on 2 processes the last
+    # global batch is made even with the first samples again, and only its 2 real samples count
+    batches = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]] if processes == 1 else [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 1]]
+    counted = [4, 4, 2]
+    total = 0.0
+    with torch.no_grad():
+        for indices, count in zip(batches, counted):
+            ids = torch.stack([data[i]["input_ids"] for i in indices])
+            total += float(net(input_ids=ids, labels=ids).loss) * count
+    return total / 10
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_trainer_resume_equals_uninterrupted_and_eval_loss_matches_hand(tmp_path, processes: int) -> None:
+    _accelerate_is_accel()
+    script = str(HERE / "trainer_run.py")
+    _run([script, "full", "full"], tmp_path, processes)
+    _run([script, "cut", "stop"], tmp_path, processes)
+    assert (tmp_path / "cut" / "checkpoint-4").is_dir() and not (tmp_path / "cut" / "checkpoint-8").exists()
+    _run([script, "cut", "resume"], tmp_path, processes)
+    full = torch.load(tmp_path / "full" / "final-full.pt")
+    resumed = torch.load(tmp_path / "cut" / "final-resume.pt")
+    assert full.keys() == resumed.keys()
+    for name in full:
+        assert torch.equal(full[name], resumed[name]), name
+    metrics = json.loads((tmp_path / "full" / "metrics-full.json").read_text())
+    assert metrics["world"] == processes
+    assert metrics["eval_loss"] == pytest.approx(_hand_eval_loss(full, processes), rel=1e-5)
+
+
+def test_from_pretrained_with_part_of_the_model_on_disk(tmp_path) -> None:
+    out = _run([str(HERE / "offload_and_lora.py"), str(tmp_path), "offload"], tmp_path, 1)
+    result = json.loads(out.split("RESULT ", 1)[1])
+    assert result["devices"] == ["cpu", "disk"]
+    assert result["max_difference"] == 0.0
+
+
+def test_lora_adapter_trains_with_peft(tmp_path) -> None:
+    out = _run([str(HERE / "offload_and_lora.py"), str(tmp_path), "lora"], tmp_path, 1)
+    result = json.loads(out.split("RESULT ", 1)[1])
+    assert result["trainable_are_lora"] and result["base_unchanged"]
+    assert result["loss_after"] < result["loss_before"]

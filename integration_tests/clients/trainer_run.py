@@ -1,0 +1,98 @@
+"""A tiny randomly initialised causal LM trained with transformers' Trainer on accel (through the
+``accelerate`` alias, ACCEL_PROVIDE_ACCELERATE=1). Run by test_transformers_peft.py, on 1 process with
+python and on 2 with ``accel launch --cpu --num_processes 2``.
+
+    trainer_run.py OUT full            train 8 steps, save final weights and the eval loss
+    trainer_run.py OUT stop            train 4 steps (checkpoint at step 4), then stop
+    trainer_run.py OUT resume          resume from OUT/checkpoint-4 up to step 8, save final weights
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+
+VOCAB, SEQ = 64, 12
+
+
+def model() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+    )
+    return LlamaForCausalLM(config)
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self, count: int, seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, VOCAB, (count, SEQ), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[index], "labels": self.ids[index].clone()}
+
+
+class StopAfterStep4(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        if state.global_step == 4:
+            control.should_training_stop = True
+        return control
+
+
+def arguments(out: str, max_steps: int) -> TrainingArguments:
+    return TrainingArguments(
+        output_dir=out,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        max_steps=max_steps,
+        learning_rate=1e-2,
+        save_strategy="steps",
+        save_steps=4,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        data_seed=0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+
+
+def main() -> None:
+    out, mode = sys.argv[1], sys.argv[2]
+    trainer = Trainer(
+        model=model(),
+        args=arguments(out, 8),
+        train_dataset=Tokens(64, seed=1),
+        eval_dataset=Tokens(10, seed=2),
+        callbacks=[StopAfterStep4()] if mode == "stop" else None,
+    )
+    if mode == "resume":
+        trainer.train(resume_from_checkpoint=os.path.join(out, "checkpoint-4"))
+    else:
+        trainer.train()
+    if mode == "stop":
+        return
+    metrics = trainer.evaluate()
+    if trainer.is_world_process_zero():
+        weights = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items()}
+        torch.save(weights, os.path.join(out, f"final-{mode}.pt"))
+        with open(os.path.join(out, f"metrics-{mode}.json"), "w") as f:
+            json.dump({"eval_loss": metrics["eval_loss"], "world": trainer.args.world_size}, f)
+
+
+if __name__ == "__main__":
+    main()

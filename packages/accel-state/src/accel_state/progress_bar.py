@@ -1,0 +1,21 @@
+"""``tqdm`` that shows on the main process only (the module behind ``accel.utils.tqdm``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
+    """``tqdm.auto.tqdm(*args, **kwargs)``, disabled on every process but the local main one when
+    ``main_process_only`` (tqdm is an optional dependency: an ImportError says how to install it)."""
+    from accel_state.imports import is_tqdm_available
+
+    if not is_tqdm_available():
+        raise ImportError("accel.utils.tqdm needs tqdm: pip install tqdm")
+    from tqdm.auto import tqdm as auto_tqdm
+
+    if main_process_only:
+        from accel_state.state import PartialState
+
+        kwargs["disable"] = kwargs.get("disable", False) or PartialState().local_process_index != 0
+    return auto_tqdm(*args, **kwargs)

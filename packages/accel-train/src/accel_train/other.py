@@ -1,0 +1,311 @@
+"""Small documented utilities of ``accel.utils`` (the module behind ``accel.utils.other``).
+
+Unwrapping and compiling models, saving and loading objects once per machine, and the helpers that
+libraries built on the documented system call (``extract_model_from_parallel``, ``is_compiled_module``,
+``clean_state_dict_for_safetensors``, ``merge_dicts``, ...). Optional libraries (deepspeed, peft,
+torch_xla) are only looked at inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import subprocess
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from accel_bigmodel.estimate import convert_bytes
+from accel_state.environment import check_os_kernel
+from accel_state.logging import get_logger
+from accel_train.checkpoint_io import load, save
+
+logger = get_logger(__name__)
+
+__all__ = [
+    "CannotPadNestedTensorWarning",
+    "CustomDtype",
+    "check_os_kernel",
+    "clean_state_dict_for_safetensors",
+    "compile_regions",
+    "compile_regions_deepspeed",
+    "compile_regions_fsdp2",
+    "convert_bytes",
+    "extract_model_from_parallel",
+    "get_grad_scaler",
+    "get_mixed_precision_context_manager",
+    "get_module_class_from_name",
+    "get_pretty_name",
+    "has_compiled_regions",
+    "install_xla",
+    "is_compiled_module",
+    "is_peft_model",
+    "load",
+    "merge_dicts",
+    "model_has_dtensor",
+    "recursive_getattr",
+    "save",
+]
+
+
+class CustomDtype(enum.Enum):
+    """Data types torch has no dtype for (sizes of quantized and FP8 weights)."""
+
+    FP8 = "fp8"
+    INT4 = "int4"
+    INT2 = "int2"
+
+
+class CannotPadNestedTensorWarning(UserWarning):
+    """Warned when ``pad_across_processes`` meets a nested tensor, which it cannot pad."""
+
+
+# -- compiled modules -------------------------------------------------------------------------------
+
+
+def is_compiled_module(module: Any) -> bool:
+    """True when ``module`` is the result of ``torch.compile`` (an ``OptimizedModule``)."""
+    optimized = getattr(getattr(torch, "_dynamo", None), "eval_frame", None)
+    cls = getattr(optimized, "OptimizedModule", None)
+    if cls is not None:
+        return isinstance(module, cls)
+    return hasattr(module, "_orig_mod") and type(module).__name__ == "OptimizedModule"
+
+
+def has_compiled_regions(module: Any) -> bool:
+    """True when some sub-module of ``module`` (not ``module`` itself) is compiled."""
+    if not isinstance(module, torch.nn.Module):
+        return False
+    return any(is_compiled_module(child) for name, child in module.named_modules() if name)
+
+
+def _repeated_blocks(module: torch.nn.Module) -> list[torch.nn.ModuleList]:
+    """The ``ModuleList``s of ``module`` whose entries all share one class (transformer layers)."""
+    found = []
+    for child in module.modules():
+        if isinstance(child, torch.nn.ModuleList) and len(child) > 0 and len({type(b) for b in child}) == 1:
+            found.append(child)
+    return found
+
+
+def compile_regions(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
+    """Compile each repeated block (every entry of a ``ModuleList`` of one class) instead of the whole model.
+
+    Compiling one block and reusing the result for its siblings is much faster than compiling the whole
+    model. Returns ``module`` with those entries replaced by compiled modules; with no repeated block,
+    the whole module compiled.
+    """
+    blocks = _repeated_blocks(module)
+    if not blocks:
+        return torch.compile(module, **compile_kwargs)  # type: ignore[return-value]
+    for block_list in blocks:
+        for index, block in enumerate(block_list):
+            if not is_compiled_module(block):
+                block_list[index] = torch.compile(block, **compile_kwargs)  # type: ignore[assignment]
+    return module
+
+
+def _compile_blocks_in_place(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
+    blocks = _repeated_blocks(module)
+    if not blocks:
+        module.compile(**compile_kwargs)
+        return module
+    for block_list in blocks:
+        for block in block_list:
+            block.compile(**compile_kwargs)
+    return module
+
+
+def compile_regions_deepspeed(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
+    """Compile the repeated blocks in place (``nn.Module.compile``), keeping module identity, as a
+    DeepSpeed engine needs."""
+    return _compile_blocks_in_place(module, **compile_kwargs)
+
+
+def compile_regions_fsdp2(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
+    """Compile the repeated blocks in place, keeping the FSDP2-sharded modules they are."""
+    return _compile_blocks_in_place(module, **compile_kwargs)
+
+
+# -- unwrapping -------------------------------------------------------------------------------------
+
+
+def _parallel_wrappers() -> tuple[type, ...]:
+    wrappers: list[type] = [torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel]
+    deepspeed = sys.modules.get("deepspeed")  # an engine exists only if deepspeed was imported
+    engine = getattr(deepspeed, "DeepSpeedEngine", None) if deepspeed is not None else None
+    if isinstance(engine, type):
+        wrappers.append(engine)
+    return tuple(wrappers)
+
+
+def _restore_forward(model: torch.nn.Module) -> None:
+    """Drop the mixed-precision forward wrapper the Accelerator put on ``model`` (if any)."""
+    from accel_train import precision
+
+    restore = getattr(precision, "unwrap_forward", None)
+    if restore is not None:
+        restore(model)
+
+
+def extract_model_from_parallel(
+    model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True, recursive: bool = False
+) -> Any:
+    """The user's model inside DDP, DataParallel, DeepSpeed-engine and ``torch.compile`` wrappers.
+
+    Args:
+        keep_fp32_wrapper: keep the mixed-precision forward wrapper (False removes it).
+        keep_torch_compile: give the compiled model back compiled (False: the module it compiled).
+        recursive: also unwrap DDP/DataParallel wrappers found on sub-modules.
+    """
+    wrappers = _parallel_wrappers()
+    compiled = None
+    if is_compiled_module(model):
+        compiled = model
+        model = model._orig_mod
+    while isinstance(model, wrappers):
+        model = model.module  # type: ignore[attr-defined]
+    if recursive and isinstance(model, torch.nn.Module):
+        for name, child in list(model.named_children()):
+            inner = extract_model_from_parallel(child, keep_fp32_wrapper, keep_torch_compile, recursive=True)
+            if inner is not child:
+                setattr(model, name, inner)
+    if not keep_fp32_wrapper and isinstance(model, torch.nn.Module):
+        _restore_forward(model)
+    if keep_torch_compile and compiled is not None:
+        if compiled._orig_mod is model:
+            return compiled
+        return torch.compile(model)
+    return model
+
+
+def model_has_dtensor(model: torch.nn.Module) -> bool:
+    """True when a parameter of ``model`` is a ``DTensor`` (tensor parallel or FSDP2)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return False
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def is_peft_model(model: Any) -> bool:
+    """True when ``model`` (unwrapped) is a peft ``PeftModel``."""
+    from accel_state.imports import is_peft_available
+
+    if not is_peft_available():
+        return False
+    try:
+        from peft import PeftModel
+    except ImportError:  # peft installed but unusable here (it needs accelerate: see ACCEL_PROVIDE_ACCELERATE)
+        return False
+
+    return isinstance(extract_model_from_parallel(model), PeftModel)
+
+
+def get_module_class_from_name(module: torch.nn.Module, name: str) -> type | None:
+    """The class of the first sub-module of ``module`` (itself included) whose class is called ``name``."""
+    for child in module.modules():
+        if type(child).__name__ == name:
+            return type(child)
+    return None
+
+
+# -- mixed precision --------------------------------------------------------------------------------
+
+
+def _device_type() -> str:
+    from accel_state.state import PartialState
+
+    return PartialState().device.type
+
+
+def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> Any:
+    """A gradient scaler for fp16 on this process's device (FSDP's sharded scaler under FSDP)."""
+    if str(getattr(distributed_type, "value", distributed_type)) == "FSDP":
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(**kwargs)
+    return torch.amp.GradScaler(_device_type(), **kwargs)
+
+
+def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwargs: Any = None) -> Any:
+    """The autocast context of the mixed precision in use (``AcceleratorState().mixed_precision``), or a
+    null context when ``native_amp`` is False or there is none."""
+    import contextlib
+
+    from accel_state.state import AcceleratorState
+
+    if not native_amp:
+        return contextlib.nullcontext()
+    precision = str(AcceleratorState().mixed_precision)
+    kwargs = autocast_kwargs.to_kwargs() if hasattr(autocast_kwargs, "to_kwargs") else dict(autocast_kwargs or {})
+    if precision == "fp16":
+        return torch.autocast(device_type=_device_type(), dtype=torch.float16, **kwargs)
+    if precision in ("bf16", "fp8"):
+        return torch.autocast(device_type=_device_type(), dtype=torch.bfloat16, **kwargs)
+    return contextlib.nullcontext()
+
+
+# -- saving and loading -----------------------------------------------------------------------------
+
+
+def clean_state_dict_for_safetensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state_dict`` ready for safetensors: names sharing storage kept once (the first), tensors contiguous."""
+    seen: dict[tuple[Any, ...], str] = {}
+    cleaned: dict[str, torch.Tensor] = {}
+    dropped: list[str] = []
+    for name, tensor in state_dict.items():
+        if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
+            key = (
+                tensor.device,
+                tensor.untyped_storage().data_ptr(),
+                tensor.storage_offset(),
+                tensor.shape,
+                tensor.stride(),
+            )
+            if key in seen:
+                dropped.append(name)
+                continue
+            seen[key] = name
+        cleaned[name] = tensor.contiguous() if isinstance(tensor, torch.Tensor) else tensor
+    if dropped:
+        logger.warning(f"Removed shared tensor(s) {dropped} while saving; they are tied to other weights.")
+    return cleaned
+
+
+# -- small helpers ----------------------------------------------------------------------------------
+
+
+def get_pretty_name(obj: Any) -> str:
+    """A readable name for a function, class or instance (its qualified name, else its class's)."""
+    if not hasattr(obj, "__qualname__") and not hasattr(obj, "__name__"):
+        obj = getattr(obj, "__class__", obj)
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    return str(name) if name is not None else str(obj)
+
+
+def merge_dicts(source: Mapping[str, Any], destination: dict[str, Any]) -> dict[str, Any]:
+    """Merge ``source`` into ``destination`` recursively (nested dicts merged, other values replaced)."""
+    for key, value in source.items():
+        if isinstance(value, Mapping):
+            node = destination.setdefault(key, {})
+            merge_dicts(value, node)
+        else:
+            destination[key] = value
+    return destination
+
+
+def recursive_getattr(obj: Any, attr: str) -> Any:
+    """``getattr`` along a dotted path: ``recursive_getattr(model, "encoder.layer.0")``."""
+    return functools.reduce(getattr, attr.split("."), obj)
+
+
+def install_xla(upgrade: bool = False) -> None:
+    """Install torch_xla for the running torch (Google Colab only, as documented)."""
+    if "google.colab" not in sys.modules:
+        raise RuntimeError("`install_xla` utility works only on google colab.")
+    command = [sys.executable, "-m", "pip", "install"] + (["--upgrade"] if upgrade else [])
+    command.append(f"torch_xla[tpu]=={torch.__version__.split('+')[0]}")
+    subprocess.run(command, check=True)
