@@ -93,8 +93,7 @@ def test_declared_names_point_into_the_owning_packages() -> None:
     )
     for table in (_exports.TOP_LEVEL, _exports.UTILS, _exports.MODULES):
         for target in table.values():
-            # accel._pending: placeholders for FSDP/DeepSpeed names until their owners provide them
-            assert target.split(".")[0] in owners or target == "accel._pending", target
+            assert target.split(".")[0] in owners, target
 
 
 def test_utils_dataclasses_gathers_names_from_their_owners() -> None:

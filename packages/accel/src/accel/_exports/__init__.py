@@ -7,10 +7,10 @@ module) and ``MODULES`` (documented module path -> real module). Each package's 
 
 from __future__ import annotations
 
-from accel._exports import bigmodel, clients, data, launch, pending, quant, state, tracking, train
+from accel._exports import bigmodel, clients, data, launch, quant, state, tracking, train
 
 # placeholders first, then names gathered for libraries: any entry of an owning package replaces them
-_TABLES = (pending, clients, state, data, bigmodel, quant, tracking, train, launch)
+_TABLES = (clients, state, data, bigmodel, quant, tracking, train, launch)
 
 TOP_LEVEL: dict[str, str] = {}
 UTILS: dict[str, str] = {}
