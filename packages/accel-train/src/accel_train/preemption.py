@@ -16,6 +16,8 @@ import threading
 from types import FrameType
 from typing import Any
 
+from accel_state.hangs import watched_collective
+
 logger = logging.getLogger(__name__)
 
 #: Exit status after a checkpoint taken on preemption: 128 + SIGTERM, what a shell reports for a
@@ -61,10 +63,15 @@ def agree(requested: bool, state: Any) -> bool:
     """True on every process when any process was asked to stop (an all-reduce of one flag)."""
     if state.num_processes <= 1:
         return requested
+    return _agree(requested, state.device)
+
+
+@watched_collective("check_preemption")
+def _agree(requested: bool, device: Any) -> bool:
     import torch
     import torch.distributed as dist
 
-    flag = torch.tensor([1 if requested else 0], dtype=torch.int32, device=state.device)
+    flag = torch.tensor([1 if requested else 0], dtype=torch.int32, device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
 
