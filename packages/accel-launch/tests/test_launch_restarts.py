@@ -74,3 +74,30 @@ def test_sigterm_to_a_single_process_launch_reaches_the_child(tmp_path: Path) ->
     except ProcessLookupError:
         alive = False
     assert not alive, "the child outlived the launcher"
+
+
+def rank_dies_once(out_dir: str) -> None:
+    """Rank 1 kills itself in the first attempt; the restarted group all-reduces and reports."""
+    import torch
+
+    from accel_state.operations import reduce
+    from accel_state.state import PartialState
+
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    state = PartialState()
+    if attempt == 0 and state.process_index == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    total = reduce(torch.tensor([float(state.process_index + 1)]), reduction="sum")
+    Path(out_dir, f"rank{state.process_index}").write_text(f"{attempt} {total.item()}")
+
+
+def test_notebook_launcher_restarts_a_killed_group(tmp_path: Path) -> None:
+    import socket
+
+    from accel_launch.launchers import notebook_launcher
+
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        port = sock.getsockname()[1]
+    notebook_launcher(rank_dies_once, (str(tmp_path),), num_processes=2, use_port=str(port), max_restarts=1)
+    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["1 3.0", "1 3.0"]
