@@ -31,7 +31,9 @@ def main() -> None:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     marks = {"started": STARTED, "imported": time.time()}
     project = os.path.join(out, "project")
-    config = ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True, total_limit=1)
+    # The reference prunes old checkpoints on every rank (rank 1 then fails in shutil.rmtree): no limit there.
+    limit = None if framework == "reference" else 1
+    config = ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True, total_limit=limit)
     accelerator = Accelerator(project_config=config)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
