@@ -51,6 +51,20 @@ def main() -> None:
             goal="~1 (linear)",
         )
     )
+    # Tied halves: every placement in the first half places a module far ahead as well.
+    tied = {
+        n: run_json(me, WORKER, "devmap", "--n", str(n), "--tied", "--repeat", "3")["seconds"] / n
+        for n in (5000, 20000)
+    }
+    print(
+        ratio_line(
+            "tied model, per-module time, 20,000 vs 5,000 modules",
+            tied[20000] * 1e6,
+            tied[5000] * 1e6,
+            unit="us",
+            goal="~1 (linear)",
+        )
+    )
 
 
 if __name__ == "__main__":

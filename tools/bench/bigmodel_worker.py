@@ -128,6 +128,12 @@ def devmap(args: argparse.Namespace) -> dict[str, Any]:
     module = lib(args.lib)
     with module.init_empty_weights():
         model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(args.n)])
+    if args.tied:
+        # Layer i shares its weight with layer i + n/2: every placement of the first half also places a
+        # module far ahead, which the largest-layer reserve must then forget.
+        half = args.n // 2
+        for i in range(half):
+            model[i + half].weight = model[i].weight
     budget = {"cpu": args.n * (8 * 8 + 8) * 4 // 2}
     times = []
     for _ in range(args.repeat):
@@ -219,6 +225,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--n", type=int, default=20000)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--tied", action="store_true", help="devmap: tie the two halves of the model")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

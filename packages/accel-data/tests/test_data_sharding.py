@@ -205,8 +205,6 @@ def test_split_and_even_errors_name_the_values_and_the_fix() -> None:
         sharding.check_split(6, 4)
     with pytest.raises(ValueError, match="no `batch_size`"):
         sharding.check_split(None, 2)
-    with pytest.raises(ValueError, match="even_batches=False"):
-        list(sharding.shard_batches([[0, 1]], batch_size=None, num_processes=2, process_index=0))
     # without even_batches a batch sampler of varying batch sizes is dealt round-robin as is
     got = list(
         sharding.shard_batches(
@@ -259,3 +257,23 @@ def test_drawn_order_matches_iterating_torch_samplers() -> None:
             assert got == expected_epochs, (length, bs, n, drop_last, split, kind)
             if kind == 3:
                 assert fast_sampler.epoch == slow_sampler.epoch == 2
+
+
+def test_varying_batches_with_even_batches_complete_the_round_with_whole_first_batches() -> None:
+    """Release 1.15: a batch sampler without batch_size is padded by cycling its first batches."""
+    batches = [[0], [1, 2], [3], [4, 5], [6]]
+
+    def shards(data: list[list[int]], n: int, drop_last: bool = False) -> list[list[list[int]]]:
+        return [
+            list(sharding.shard_batches(data, batch_size=None, num_processes=n, process_index=p, drop_last=drop_last))
+            for p in range(n)
+        ]
+
+    assert shards(batches, 4) == [[[0], [6]], [[1, 2], [0]], [[3], [1, 2]], [[4, 5], [3]]]
+    assert shards(batches, 5) == [[[0]], [[1, 2]], [[3]], [[4, 5]], [[6]]]
+    assert shards(batches, 4, drop_last=True) == [[[0]], [[1, 2]], [[3]], [[4, 5]]]
+    # fewer batches than missing places: the first ones come round again
+    assert shards([[0], [1, 2]], 5) == [[[0]], [[1, 2]], [[0]], [[1, 2]], [[0]]]
+    for n in (2, 3, 4, 5):
+        lengths = {len(shard) for shard in shards(batches, n)}
+        assert lengths == {sharding.shard_length(len(batches), num_processes=n, process_index=0)}

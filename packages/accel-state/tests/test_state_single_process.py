@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import random
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import torch
@@ -81,8 +82,8 @@ def test_collectives_refuse_a_world_that_was_never_initialised() -> None:
 
 
 def test_reduce_rejects_an_unknown_reduction() -> None:
-    with pytest.raises(ValueError, match="reduction must be 'sum', 'mean' or 'none', got 'max'"):
-        operations.reduce(torch.ones(1), "max")
+    with pytest.raises(ValueError, match="reduction must be 'sum', 'mean', 'max', 'min' or 'none', got 'avg'"):
+        operations.reduce(torch.ones(1), "avg")
 
 
 def test_accelerator_state_reads_mixed_precision_and_delegates() -> None:
@@ -150,18 +151,47 @@ def test_set_seed_makes_every_generator_repeat() -> None:
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == first
 
 
-def test_find_executable_batch_size_halves_on_out_of_memory() -> None:
+def test_find_executable_batch_size_shrinks_by_a_tenth_on_out_of_memory() -> None:
     tried = []
 
     @find_executable_batch_size(starting_batch_size=64)
     def train(batch_size: int, scale: int) -> int:
         tried.append(batch_size)
-        if batch_size > 16:
+        if batch_size > 50:
             raise RuntimeError("CUDA out of memory. Tried to allocate 2 GiB")
         return batch_size * scale
 
-    assert train(10) == 160
-    assert tried == [64, 32, 16]
+    assert tried == []
+    assert train(10) == 450
+    assert tried == [64, 57, 51, 45]  # int(64 * 0.9) = 57, int(57 * 0.9) = 51, int(51 * 0.9) = 45
+    assert train(1) == 45  # the size that worked is where the next call starts
+    assert tried[-1] == 45 and len(tried) == 5
+
+
+def test_find_executable_batch_size_calls_reduce_fn_without_arguments() -> None:
+    sizes = iter([10, 3])
+    calls: list[tuple[Any, ...]] = []
+
+    def smaller(*args: Any) -> int:
+        calls.append(args)
+        return next(sizes)
+
+    @find_executable_batch_size(starting_batch_size=32, reduce_batch_size_fn=smaller)
+    def train(batch_size: int) -> int:
+        if batch_size > 5:
+            raise torch.OutOfMemoryError("no room")
+        return batch_size
+
+    assert train() == 3
+    assert calls == [(), ()]
+
+    @find_executable_batch_size(starting_batch_size=32, reduce_batch_size_fn=lambda size: size - 20)
+    def train_with_size_fn(batch_size: int) -> int:
+        if batch_size > 12:
+            raise torch.OutOfMemoryError("no room")
+        return batch_size
+
+    assert train_with_size_fn() == 12  # a function that needs the failed size still gets it
 
 
 def test_find_executable_batch_size_passes_other_errors_and_stops_at_zero() -> None:

@@ -125,6 +125,9 @@ def test_register_tracker_class_makes_a_name_usable() -> None:
 def test_register_tracker_class_rejects_bad_classes() -> None:
     with pytest.raises(TypeError, match="subclass of GeneralTracker"):
         register_tracker_class(dict)  # type: ignore[arg-type]
+    # the documented system raises ValueError here: the same error is both
+    with pytest.raises(ValueError, match="subclass of GeneralTracker"):
+        register_tracker_class(ListTracker())  # type: ignore[arg-type]
 
     class NoName(GeneralTracker):
         requires_logging_directory = False

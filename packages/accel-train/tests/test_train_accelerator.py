@@ -16,7 +16,6 @@ from accel_train import (
     AutocastKwargs,
     BackendNotAvailableError,
     DeepSpeedPlugin,
-    FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
     GradScalerKwargs,
     MegatronLMPlugin,
@@ -243,7 +242,6 @@ def test_fp8_says_it_needs_accel_quant() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [
-        ({"fsdp_plugin": FullyShardedDataParallelPlugin()}, "FSDP"),
         ({"deepspeed_plugin": DeepSpeedPlugin(zero_stage=2)}, "DeepSpeed"),
         ({"megatron_lm_plugin": MegatronLMPlugin(tp_degree=1)}, "Megatron-LM"),
     ],

@@ -294,9 +294,6 @@ def load_checkpoint_and_dispatch(
     )
 
 
-_CASTABLE = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
-
-
 def attach_layerwise_casting_hooks(
     module: nn.Module,
     storage_dtype: torch.dtype,
@@ -305,18 +302,25 @@ def attach_layerwise_casting_hooks(
     skip_modules_classes: tuple[type[nn.Module], ...] | None = None,
     non_blocking: bool = False,
 ) -> None:
-    """Store the weights of linear and convolution layers in ``storage_dtype`` and compute in ``compute_dtype``.
+    """Store the weights of the layers of ``SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING`` (linear and
+    convolution layers, see ``accel.utils.constants``) in ``storage_dtype`` and cast them to
+    ``compute_dtype`` only for their forward.
 
-    Layers whose name matches ``skip_modules_pattern`` (regexes) or whose class is in
-    ``skip_modules_classes`` keep their dtype.
+    A module whose name matches ``skip_modules_pattern`` (regular expressions, searched in the dotted
+    name) or whose class is in ``skip_modules_classes`` is left as it is, with everything inside it.
     """
+    from accel_state.constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
+
     patterns = (skip_modules_pattern,) if isinstance(skip_modules_pattern, str) else tuple(skip_modules_pattern or ())
     compiled = [re.compile(p) for p in patterns]
     skip_classes = tuple(skip_modules_classes or ())
-    for name, sub in module.named_modules():
-        if skip_classes and isinstance(sub, skip_classes):
-            continue
-        if any(p.search(name) for p in compiled):
-            continue
-        if isinstance(sub, _CASTABLE):
+    stack: list[tuple[str, nn.Module]] = [("", module)]
+    while stack:
+        name, sub = stack.pop()
+        if (skip_classes and isinstance(sub, skip_classes)) or any(p.search(name) for p in compiled):
+            continue  # the whole subtree keeps its dtype
+        if isinstance(sub, SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING):
             add_hook_to_module(sub, LayerwiseCastingHook(storage_dtype, compute_dtype, non_blocking), append=True)
+            continue
+        children = [(f"{name}.{child}" if name else child, m) for child, m in sub.named_children()]
+        stack.extend(reversed(children))

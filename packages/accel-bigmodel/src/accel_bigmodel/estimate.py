@@ -9,8 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import nn
 
@@ -21,9 +20,9 @@ DTYPE_DIVISORS = {"float32": 1, "float16": 2, "bfloat16": 2, "int8": 4, "int4": 
 ALL_DTYPES = ("float32", "float16", "int8", "int4")
 
 
-@dataclass(frozen=True)
-class EstimateRow:
-    """Memory figures (bytes) for one dtype."""
+class EstimateRow(NamedTuple):
+    """Memory figures (bytes) for one dtype; also a sequence ``[dtype, largest_layer, total_size,
+    training]``, the row the documented system's ``gather_data`` returns."""
 
     dtype: str
     largest_layer: int
@@ -163,6 +162,30 @@ def _timm_model(model_name: str) -> nn.Module:
 
     with init_empty_weights():
         return timm.create_model(model_name, pretrained=False)
+
+
+def verify_on_hub(repo: str, token: str | None = None) -> Any:
+    """The Hub's model information for ``repo``; ``"gated"`` when it is gated (or cannot be reached),
+    ``"repo"`` when there is no such repository.
+
+    Raises:
+        ImportError: huggingface_hub is not installed.
+    """
+    from accel_state.imports import is_huggingface_hub_available
+
+    if not is_huggingface_hub_available():
+        raise ImportError('Looking a model up on the Hub needs huggingface_hub: pip install "accel-bigmodel[hub]".')
+    from huggingface_hub import model_info
+    from huggingface_hub.utils import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        return model_info(repo, token=token)
+    except GatedRepoError:  # a subclass of RepositoryNotFoundError: first
+        return "gated"
+    except RepositoryNotFoundError:  # an OSError too: before the generic case
+        return "repo"
+    except OSError:
+        return "gated"
 
 
 def gather_data(args: Any) -> list[EstimateRow]:

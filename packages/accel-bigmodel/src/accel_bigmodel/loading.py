@@ -95,6 +95,7 @@ def check_checkpoint_matches(
     if shapes:
         message += " Weights whose shapes differ are not loaded."
     warnings.warn(message, stacklevel=3)
+    logger.warning(message)  # the documented system logs it: code that captures logs sees it too
     return bad_shapes
 
 

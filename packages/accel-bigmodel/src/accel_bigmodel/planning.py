@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import logging
 import warnings
 from collections import deque
 from collections.abc import Mapping
@@ -28,6 +29,7 @@ from accel_bigmodel.sizes import (
 from accel_bigmodel.tied import check_tied_parameters_in_config
 
 DeviceKey = int | str
+logger = logging.getLogger(__name__)
 
 
 def _sort_key(device: DeviceKey) -> tuple[int, Any]:
@@ -115,9 +117,29 @@ class _Units:
             stack.append((name, module, True))
             for child_name, child in reversed(children):
                 stack.append((f"{name}.{child_name}" if name else child_name, child, False))
+        self.unit_sizes = unit_sizes
         self.suffix_max = [0] * (len(unit_sizes) + 1)
         for i in range(len(unit_sizes) - 1, -1, -1):
             self.suffix_max[i] = max(unit_sizes[i], self.suffix_max[i + 1])
+
+    def remove(self, name: str) -> None:
+        """Module ``name`` was placed ahead of its turn (with a tied module, or by fallback allocation):
+        its layers no longer count toward the reserve.
+
+        Each layer is removed at most once, and the suffix maxima are updated only down to the first one
+        that does not change, so removals add no more than linear work in total for realistic models.
+        """
+        if name not in self.ranges:
+            return
+        start, end = self.ranges[name]
+        sizes, suffix = self.unit_sizes, self.suffix_max
+        for i in range(start, end):
+            sizes[i] = 0
+        for i in range(end - 1, -1, -1):
+            value = max(sizes[i], suffix[i + 1])
+            if i < start and value == suffix[i]:
+                break
+            suffix[i] = value
 
     def after(self, name: str) -> int:
         """Largest layer placed after module ``name`` (a parameter counts as its module's start)."""
@@ -235,6 +257,7 @@ def infer_auto_device_map(
     used = dict.fromkeys(devices, 0)
     offloaded_buffers = 0
     minimum_needed: dict[DeviceKey, int] = {}
+    kept_free: dict[DeviceKey, int] = {}
     current = 0
 
     def find_queued(param: str) -> str | None:
@@ -277,14 +300,17 @@ def infer_auto_device_map(
             for owner in tied_modules:
                 queued.discard(owner)
                 device_map[owner] = device
+                units.remove(owner)  # placed now: no longer part of the largest-layer reserve
             if device in ("cpu", "disk") and accelerators and not offload_buffers:
                 offloaded_buffers += buffer_sizes.get(name, 0)
             if verbose:
                 print(f"Putting {name}{' and ' + ', '.join(tied_modules) if tied_modules else ''} on {device}.")
             continue
 
-        # does not fit: split it (or a module it is tied to), else go to the next device
-        if tied_modules:
+        # Does not fit. When the module alone would fit, split a module it is tied to; when the module
+        # alone does not fit, split the module itself; else go to the next device.
+        alone = sizes.get(name, 0)
+        if tied_modules and used[device] + alone <= limit:  # type: ignore[operator]
             split = False
             for owner in tied_modules:
                 owner_module = model.get_submodule(owner)
@@ -309,7 +335,7 @@ def infer_auto_device_map(
                 break
             if split:
                 continue
-        elif isinstance(module, nn.Module):
+        if used[device] + alone >= limit and isinstance(module, nn.Module):  # type: ignore[operator]
             children = list(module.named_children())
             if children and type(module).__name__ not in no_split_set:
                 expanded = [(f"{name}.{n}", v) for n, v in module.named_parameters(recurse=False)]
@@ -326,12 +352,14 @@ def infer_auto_device_map(
                 if found is not None:
                     used[device] += sizes.get(found, 0)
                     device_map[found] = device
+                    units.remove(found)
                     if verbose:
                         print(f"Fallback allocation: putting {found} on {device}.")
             else:
                 minimum_needed[device] = size + reserved
         if verbose:
             print(f"Not enough room on {device} for {name}; moving to {devices[current + 1]}.")
+        kept_free[device] = reserved  # what stays free for the largest layer counts as used from now on
         current += 1
         if found is None:
             push_front([(name, module)])
@@ -339,21 +367,24 @@ def infer_auto_device_map(
     if clean_result:
         device_map = clean_device_map(device_map)
     if offloaded_buffers and accelerators:
-        fits = any(budgets[d] >= offloaded_buffers + used.get(d, 0) for d in accelerators)
+        fits = any(budgets[d] >= offloaded_buffers + used.get(d, 0) + kept_free.get(d, 0) for d in accelerators)
         if not fits:
-            warnings.warn(
-                f"Buffers of offloaded modules ({offloaded_buffers} bytes) do not fit on any accelerator; "
-                "pass offload_buffers=True to offload them too.",
-                stacklevel=2,
+            message = (
+                f"Current model requires {offloaded_buffers} bytes of buffer for offloaded layers, which does not "
+                "fit the remaining memory of any accelerator (the room kept for the largest layer counts as used). "
+                "If you run out of memory later, pass offload_buffers=True."
             )
+            warnings.warn(message, stacklevel=2)
+            logger.warning(message)
     unused = {d: m for d, m in minimum_needed.items() if used.get(d, 0) == 0}
     if unused:
-        warnings.warn(
-            "Nothing was assigned to these devices because their first module does not fit (bytes needed "
-            f"including the reserve for the largest layer): {unused}. Raise their max_memory, split the "
-            "module, or pass fallback_allocation=True.",
-            stacklevel=2,
+        message = (
+            "Nothing was assigned to these devices because of insufficient memory: their first module does not "
+            f"fit (bytes needed including the reserve for the largest layer): {unused}. Raise their max_memory, "
+            "split the module, or pass fallback_allocation=True."
         )
+        warnings.warn(message, stacklevel=2)
+        logger.info(message)
     return device_map
 
 

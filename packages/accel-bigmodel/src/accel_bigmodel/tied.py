@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import Any
 
@@ -46,10 +47,9 @@ def check_tied_parameters_on_same_device(tied_params: list[list[str]], device_ma
     for group in tied_params:
         devices = {name: _device_of(name, device_map) for name in group}
         if len(set(map(str, devices.values()))) > 1:
-            warnings.warn(
-                f"Tied parameters are on different devices: {devices}. Put them on one device in the device map.",
-                stacklevel=2,
-            )
+            message = f"Tied parameters are on different devices: {devices}. Put them on one device in the device map."
+            warnings.warn(message, stacklevel=2)
+            logging.getLogger(__name__).warning(message)
 
 
 def check_tied_parameters_in_config(model: nn.Module) -> bool:

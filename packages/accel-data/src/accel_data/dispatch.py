@@ -97,7 +97,9 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
         skip_batches: steps to skip at the start of every iteration.
         use_stateful_dataloader: build on torchdata's ``StatefulDataLoader``.
         slice_fn: ``slice_fn(batch, slice, process_index=..., num_processes=...)`` cutting a batch
-            (default :func:`accel_state.nested.slice_tensors`; needed for batches holding non-tensors).
+            (default :func:`accel_state.nested.slice_tensors`; needed for batches holding non-tensors
+            when there are several slices: with one process the batch, non-tensor leaves included, is
+            passed on whole).
         torch_device_mesh: slices go to data-parallel ranks; tensor-parallel ranks get the same one.
         iteration: the epoch to start at.
         **kwargs: every other ``DataLoader`` argument.
@@ -212,8 +214,8 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
 
     def _check_leaves(self, batch: Any) -> None:
         """Refuse batches holding something the default slicing cannot cut (a clear error, not a wrong split)."""
-        if self._custom_slice:
-            return
+        if self._custom_slice or self.num_slices == 1:
+            return  # one slice: the batch is passed on whole, whatever its leaves
         leaf = _first_non_tensor(batch)
         if leaf is not None:
             raise ValueError(
@@ -288,6 +290,18 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
                 batch = send_to_device(batch, self.device, non_blocking=self._non_blocking)
                 if distributed:
                     batch = _broadcast_tensors(batch)
+                if self.num_slices == 1 and not self._custom_slice:
+                    # Nothing to cut: the batch goes on whole, non-tensor leaves included.
+                    if is_last:
+                        self.end_of_dataloader = True
+                        self.remainder = 0
+                    self._progress.yielded += 1
+                    yield batch
+                    if is_last:
+                        break
+                    if main:
+                        current = following
+                    continue
                 observed = _batch_size(batch)
                 if first is None and not self._drop_last:
                     if self._resume_first is not None:  # resumed mid-epoch: the epoch's first samples were saved

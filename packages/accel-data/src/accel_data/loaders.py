@@ -222,27 +222,18 @@ class DataLoaderStateMixin:
         )
 
     def set_epoch(self, epoch: int) -> None:
-        """Set the epoch of this loader and pass it to its sampler (or dataset) that has ``set_epoch``."""
+        """Set the epoch of this loader and pass it to its batch sampler and every sampler inside it that
+        has ``set_epoch``; when none has, to the dataset (when it has ``set_epoch``)."""
         self.iteration = int(epoch)
         batch_sampler = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler  # type: ignore[attr-defined]
-        before = self._set_epoch_targets(batch_sampler)
-        if before:
-            set_epoch_on(batch_sampler, epoch)
-        elif hasattr(self.dataset, "set_epoch"):  # type: ignore[attr-defined]
+        if not set_epoch_on(batch_sampler, epoch) and hasattr(self.dataset, "set_epoch"):  # type: ignore[attr-defined]
             self.dataset.set_epoch(epoch)  # type: ignore[attr-defined]
 
-    @staticmethod
-    def _set_epoch_targets(batch_sampler: Any) -> bool:
-        node, seen = batch_sampler, set()
-        while node is not None and id(node) not in seen:
-            seen.add(id(node))
-            if getattr(type(node), "set_epoch", None) is not None and not isinstance(
-                node, (BatchSamplerShard, SkipBatchSampler)
-            ):
-                return True
-            inner = getattr(node, "batch_sampler", None)
-            node = inner if inner is not None else getattr(node, "sampler", None)
-        return False
+    @property
+    def base_dataloader(self) -> Any:
+        """The ``DataLoader`` underneath, as the documented system names it; accel's prepared loaders
+        are ``DataLoader`` (or ``StatefulDataLoader``) subclasses themselves, so it is the loader."""
+        return self
 
     def begin(self) -> None:
         """Start an epoch: reset the end flags and become ``GradientState``'s active loader."""

@@ -52,7 +52,8 @@ class BatchSamplerShard(BatchSampler):
         split_batches: cut every batch in ``num_processes`` slices (the batch size is then the global
             one) instead of dealing whole batches round-robin.
         even_batches: complete the last round with samples from the start so every process gets the same
-            number of batches of the same size (the padding is reported as ``remainder``).
+            number of batches of the same size (the padding is reported as ``remainder``); a batch sampler
+            without ``batch_size`` (batches of varying size) gets whole batches from the start instead.
 
     ``drop_last`` is read from ``batch_sampler``: with it, an incomplete last round is dropped.
     """
@@ -70,13 +71,6 @@ class BatchSamplerShard(BatchSampler):
         batch_size = getattr(batch_sampler, "batch_size", None)
         if split_batches:
             sharding.check_split(batch_size, num_processes)
-        if batch_size is None and even_batches and not split_batches and num_processes > 1:
-            raise ValueError(
-                f"Cannot shard the batch sampler {type(batch_sampler).__name__} with even_batches=True: it has no "
-                "`batch_size` attribute, which is needed to complete the last round with full batches. Give it a "
-                "`batch_size` attribute, or use even_batches=False (Accelerator(even_batches=False) or "
-                "DataLoaderConfiguration(even_batches=False))."
-            )
         self.batch_sampler = batch_sampler
         self.num_processes = num_processes
         self.process_index = process_index
@@ -279,18 +273,29 @@ class SkipBatchSampler(BatchSampler):
         set_epoch_on(self.batch_sampler, epoch)
 
 
-def set_epoch_on(sampler: Any, epoch: int) -> None:
-    """Call ``set_epoch`` on ``sampler`` or, through batch samplers and shards, on the sampler inside."""
+def epoch_targets(sampler: Any) -> list[Any]:
+    """Every object with ``set_epoch`` along the chain from ``sampler`` inwards (through ``batch_sampler``
+    and ``sampler`` attributes), outermost first; accel's own shard wrappers only pass it on."""
+    targets: list[Any] = []
     seen: set[int] = set()
     node = sampler
     while node is not None and id(node) not in seen:
         seen.add(id(node))
         method = getattr(type(node), "set_epoch", None)
         if method is not None and not isinstance(node, (BatchSamplerShard, SkipBatchSampler)):
-            node.set_epoch(epoch)
-            return
+            targets.append(node)
         inner = getattr(node, "batch_sampler", None)
         node = inner if inner is not None else getattr(node, "sampler", None)
+    return targets
+
+
+def set_epoch_on(sampler: Any, epoch: int) -> bool:
+    """Call ``set_epoch`` on ``sampler`` and on every batch sampler and sampler inside it that has one
+    (a custom batch sampler and the sampler it wraps both hear of the new epoch); True if any did."""
+    targets = epoch_targets(sampler)
+    for target in targets:
+        target.set_epoch(epoch)
+    return bool(targets)
 
 
 def find_generators(*roots: Any) -> list[torch.Generator]:

@@ -13,8 +13,9 @@ The rules (the documented behaviour of the data loaders):
   equal slices, process ``i`` taking slice ``i``.
 * The end of the data: with ``drop_last`` an incomplete round (or batch) is dropped; with
   ``even_batches`` it is completed with samples taken cyclically from the start of the data so that
-  every process gets the same number of full batches; otherwise processes may get fewer or shorter
-  batches.
+  every process gets the same number of full batches (when the batch sampler has no ``batch_size``,
+  its batches varying in size, the round is completed with whole batches from the start, cycling);
+  otherwise processes may get fewer or shorter batches.
 """
 
 from __future__ import annotations
@@ -64,12 +65,6 @@ def shard_batches(
     if split_batches:
         check_split(batch_size, num_processes)
         return _split(batches, batch_size, num_processes, process_index, even_batches, drop_last)
-    if batch_size is None and even_batches:
-        raise ValueError(
-            "even_batches=True completes the last round with full batches, which needs the batch sampler's "
-            "`batch_size`, but it has none. Give the batch sampler a `batch_size` attribute, or use "
-            "even_batches=False (Accelerator(even_batches=False) / DataLoaderConfiguration(even_batches=False))."
-        )
     return _deal(batches, batch_size, num_processes, process_index, even_batches, drop_last)
 
 
@@ -112,6 +107,7 @@ def _deal(
     drop_last: bool,
 ) -> Iterator[list[T]]:
     head: list[T] = []  # the samples of the first round, to complete the last one
+    first_batches: list[list[T]] = []  # the same, batch by batch, when batches vary in size
     mine: list[T] = []
     last: list[T] = []
     count = 0
@@ -121,6 +117,7 @@ def _deal(
         last = batch
         if position < num_processes and even_batches and not drop_last:
             head.extend(batch)
+            first_batches.append(batch)
         if position % num_processes == process_index:
             mine = batch
         if position % num_processes == num_processes - 1 and (batch_size is None or len(batch) == batch_size):
@@ -132,7 +129,16 @@ def _deal(
         if mine:
             yield mine
         return
-    assert batch_size is not None
+    if batch_size is None:
+        # Batches of varying size: complete the last round with whole batches from the start, cycling.
+        left = count % num_processes
+        if left == 0:
+            return
+        if process_index < left:
+            yield mine
+        else:
+            yield first_batches[(process_index - left) % len(first_batches)]
+        return
     if len(mine) == batch_size:
         yield mine
     # Complete the round: first the partial last batch (if any), then whole batches, from ``head``.

@@ -7,6 +7,7 @@ launcher (DeepSpeed need not be installed to test its command).
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 
 from accel_launch.plan import LaunchPlan
 from accel_launch.values import ConfigError
@@ -129,20 +130,50 @@ def deepspeed_command(plan: LaunchPlan, port: int) -> list[str]:
     return [*cmd, plan.training_script, *plan.training_script_args]
 
 
-def deepspeed_env_file_lines(env: dict[str, str]) -> list[str]:
+#: Characters that make a ``KEY=VALUE`` line unsafe for the shell of a remote node.
+ENV_FILE_FORBIDDEN = (";", "\n", "<", ">", " ")
+
+
+def env_file_lines(env: Mapping[str, str]) -> list[str]:
+    """``KEY=VALUE`` lines of ``env`` in input order; an entry that is empty or holds one of
+    :data:`ENV_FILE_FORBIDDEN` is left out with a logged warning."""
+    import logging
+
+    lines: list[str] = []
+    for key, value in env.items():
+        text = f"{key}{value}"
+        if key and value and not any(char in text for char in ENV_FILE_FORBIDDEN):
+            lines.append(f"{key}={value}")
+        else:
+            logging.getLogger(__name__).warning(
+                "Skipping %s=%r: an environment file entry must be non-empty and free of ';', '<', '>', spaces "
+                "and newlines",
+                key,
+                value,
+            )
+    return lines
+
+
+def deepspeed_env_file_lines(env: Mapping[str, str]) -> list[str]:
     """Lines of the ``.deepspeed_env`` file through which pdsh hands the variables to remote nodes."""
-    return [f"{key}={value}" for key, value in sorted(env.items()) if "\n" not in value]
+    return env_file_lines(env)
 
 
-def mpirun_command(plan: LaunchPlan) -> list[str]:
-    """The ``mpirun`` prefix of a multi-CPU run started by MPI (Intel MPI / MPICH spelling)."""
+#: (program, hostfile flag, process-count flag, per-node flag, bind flag) of Intel MPI / MVAPICH / MPICH.
+MPI_INTEL_SPELLING = ("mpirun", "-f", "-n", "-ppn", "")
+
+
+def mpirun_command(plan: LaunchPlan, spelling: tuple[str, str, str, str, str] = MPI_INTEL_SPELLING) -> list[str]:
+    """The ``mpirun`` prefix of a multi-CPU run started by MPI, with the flag names of ``spelling``
+    (see :func:`accel_launch.launch_utils.mpirun_spelling`; Intel MPI / MPICH by default)."""
+    program, hostfile_flag, count_flag, per_node_flag, _bind = spelling
     hostfile = plan.values["mpirun_hostfile"]
     return [
-        "mpirun",
-        "-f",
+        program,
+        hostfile_flag,
         str(hostfile),
-        "-ppn",
+        per_node_flag,
         str(plan.nproc_per_node),
-        "-n",
+        count_flag,
         str(plan.num_processes),
     ]

@@ -1,8 +1,9 @@
 """The argument parser of ``accel launch``, built from the option table (no torch import).
 
 Every flag has its snake_case name and a kebab-case alias (``--num_processes`` / ``--num-processes``).
-A flag not given on the command line parses to ``None``, so the config file can fill it in: flags
-win over the file, the file wins over the defaults.
+A flag not given on the command line parses to ``None`` (a boolean switch to ``False``, as in the
+documented system), so the config file can fill it in: flags win over the file, the file wins over the
+defaults.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
             groups[option.group] = group
         kwargs: dict[str, Any] = {"dest": option.dest, "default": None, "help": option.help}
         if option.kind == "switch":
-            kwargs["action"] = "store_true"
+            kwargs.update(action="store_true", default=False)
         elif option.append:
             kwargs.update(action="append", type=str)
         else:
@@ -103,7 +104,12 @@ def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 
 
 def given_flags(args: argparse.Namespace) -> dict[str, Any]:
-    """The launch options actually given on the command line (``None`` means not given)."""
-    return {
-        option.dest: getattr(args, option.dest) for option in OPTIONS if getattr(args, option.dest, None) is not None
-    }
+    """The launch options actually given on the command line: a value that is not ``None`` (a boolean
+    switch, which parses to ``False`` when absent, counts only when ``True``)."""
+    out: dict[str, Any] = {}
+    for option in OPTIONS:
+        value = getattr(args, option.dest, None)
+        if value is None or (option.kind == "switch" and value is False):
+            continue
+        out[option.dest] = value
+    return out

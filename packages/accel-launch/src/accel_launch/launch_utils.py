@@ -1,6 +1,6 @@
 """Launch utilities (documented as ``accel.utils.launch``): the command and environment of each launcher.
 
-They take the ``argparse.Namespace`` of ``accel launch`` (flags not given are ``None``) and return
+They take the ``argparse.Namespace`` of ``accel launch`` (flags not given are ``None`` or ``False``) and return
 what the launcher would run; ``PrepareForLaunch`` wraps a function so that each spawned process knows
 its rank. Nothing here imports torch at module level.
 """
@@ -9,18 +9,31 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess  # the launcher looks it (and `which`) up here, so that tests can patch them
+from collections.abc import Mapping
+from shutil import which
 from typing import Any
 
-from accel_launch.commands_build import deepspeed_command, deepspeed_env_file_lines, script_command, torchrun_args
-from accel_launch.options import OPTIONS
+from accel_launch.commands_build import (
+    MPI_INTEL_SPELLING,
+    deepspeed_command,
+    env_file_lines,
+    script_command,
+    torchrun_args,
+)
+from accel_launch.launch_args import given_flags
 from accel_launch.plan import LaunchPlan, MachineInfo, resolve
-from accel_launch.runner import free_port, is_port_in_use
+from accel_launch.runner import free_port, is_port_in_use, launch_env
+
+get_free_port = free_port  # the documented system's name
 
 __all__ = [
     "PrepareForLaunch",
     "convert_dict_to_env_variables",
     "free_port",
+    "get_free_port",
     "is_port_in_use",
+    "mpirun_spelling",
     "prepare_deepspeed_cmd_env",
     "prepare_multi_gpu_env",
     "prepare_sagemager_args_inputs",
@@ -31,7 +44,7 @@ __all__ = [
 
 def plan_from_args(args: argparse.Namespace, machine: MachineInfo | None = None, config: Any = None) -> LaunchPlan:
     """The launch plan of a parsed ``accel launch`` namespace (attributes left ``None`` are not given)."""
-    flags = {opt.dest: getattr(args, opt.dest) for opt in OPTIONS if getattr(args, opt.dest, None) is not None}
+    flags = given_flags(args)
     if machine is None:
         from accel_launch.machine import cpu_machine, detect_machine
 
@@ -43,22 +56,64 @@ def plan_from_args(args: argparse.Namespace, machine: MachineInfo | None = None,
 def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """Command and full environment of a one-process launch."""
     plan = plan_from_args(args)
-    return script_command(plan), {**os.environ, **plan.env}
+    return script_command(plan), {**os.environ, **launch_env(plan)}
+
+
+def _report_port(args: argparse.Namespace, plan: LaunchPlan) -> int:
+    """The port of the launch (a free one for ``main_process_port`` 0, 29500 when none is given),
+    written back to ``args.main_process_port`` and ``args.master_port`` as the documented helpers do."""
+    port = plan.main_process_port
+    if port == 0:
+        port = free_port()
+    elif port is None:
+        port = 29500
+    args.main_process_port = port
+    args.master_port = str(port)
+    return port
 
 
 def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
-    """Full environment of a torch.distributed.run launch (the torchrun arguments under ``ACCEL_TORCHRUN_ARGS``)."""
+    """Full environment of a torch.distributed.run launch (the torchrun arguments under ``ACCEL_TORCHRUN_ARGS``).
+
+    The port it chose (a free one for ``--main_process_port 0``) is in ``args.main_process_port`` and
+    ``MASTER_PORT`` afterwards.
+    """
     plan = plan_from_args(args)
-    port = plan.main_process_port or 29500
-    env = {**os.environ, **plan.env}
+    port = _report_port(args, plan)
+    env = {**os.environ, **launch_env(plan)}
+    env["MASTER_ADDR"] = plan.main_process_ip or "127.0.0.1"
+    env["MASTER_PORT"] = str(port)
     env["ACCEL_TORCHRUN_ARGS"] = " ".join(torchrun_args(plan, port))
     return env
 
 
 def prepare_deepspeed_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
-    """The ``deepspeed`` command and full environment of a multi-node DeepSpeed launch."""
+    """The ``deepspeed`` command and full environment of a multi-node DeepSpeed launch (the port it
+    chose is in ``args.main_process_port`` afterwards)."""
     plan = plan_from_args(args)
-    return deepspeed_command(plan, plan.main_process_port or 29500), {**os.environ, **plan.env}
+    port = _report_port(args, plan)
+    return deepspeed_command(plan, port), {**os.environ, **launch_env(plan)}
+
+
+def mpirun_spelling() -> tuple[str, str, str, str, str]:
+    """(program, hostfile flag, process-count flag, per-node flag, bind flag) of the MPI found on the
+    ``PATH``: Open MPI spells them ``--hostfile``, ``-n``, ``--npernode``, ``--bind-to``; Intel MPI and
+    MVAPICH ``-f``, ``-n``, ``-ppn``.
+
+    Raises:
+        OSError: neither ``mpirun`` nor ``mpiexec`` is on the ``PATH``.
+    """
+    programs = [name for name in ("mpirun", "mpiexec") if which(name)]
+    if not programs:
+        raise OSError("neither mpirun nor mpiexec was found: install Intel MPI, Open MPI or MVAPICH")
+    program = programs[0]
+    version = subprocess.check_output([program, "--version"])
+    if b"Open MPI" in version:
+        return program, "--hostfile", "-n", "--npernode", "--bind-to"
+    return (program, *MPI_INTEL_SPELLING[1:])  # type: ignore[return-value]
+
+
+_get_mpirun_args = mpirun_spelling  # the documented system's (private) name
 
 
 def prepare_tpu(
@@ -86,9 +141,10 @@ def prepare_sagemager_args_inputs(
     return sagemaker_job_args(sagemaker_config, plan)
 
 
-def convert_dict_to_env_variables(current_env: dict[str, str]) -> list[str]:
-    """``KEY=VALUE`` lines of ``current_env`` for a ``.deepspeed_env`` file (values with newlines skipped)."""
-    return [line + "\n" for line in deepspeed_env_file_lines(current_env)]
+def convert_dict_to_env_variables(current_env: Mapping[str, str]) -> list[str]:
+    """``KEY=VALUE\\n`` lines of ``current_env`` for a ``.deepspeed_env`` file, in input order; an entry
+    that is empty or contains ``;``, ``<``, ``>``, a space or a newline is dropped with a logged warning."""
+    return [line + "\n" for line in env_file_lines(current_env)]
 
 
 class PrepareForLaunch:

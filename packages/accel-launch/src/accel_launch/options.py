@@ -178,6 +178,8 @@ OPTIONS: tuple[Option, ...] = (
     _O("fsdp_cpu_ram_efficient_loading", "bool", G_FSDP, "Load the checkpoint on the first process only (true|false).", "fsdp_config", default=True),
     _O("fsdp_sync_module_states", "bool", G_FSDP, "Broadcast module states from rank 0 (true|false).", "fsdp_config", default=True),
     _O("fsdp_activation_checkpointing", "bool", G_FSDP, "Checkpoint activations of wrapped layers (true|false).", "fsdp_config", default=False),
+    _O("fsdp_activation_checkpointing_offload", "bool", G_FSDP, "Offload checkpointed activations to the CPU (true|false).", "fsdp_config", default=False),
+    _O("fsdp_ignored_modules", "str", G_FSDP, "Regular expression of module names FSDP leaves unsharded.", "fsdp_config"),
     # Megatron-LM
     _O("megatron_lm_tp_degree", "int", G_MEGATRON, "Tensor parallelism degree.", "megatron_lm_config", default=1),
     _O("megatron_lm_pp_degree", "int", G_MEGATRON, "Pipeline parallelism degree.", "megatron_lm_config", default=1),

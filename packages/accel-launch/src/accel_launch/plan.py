@@ -92,6 +92,9 @@ class LaunchPlan:
     sagemaker: bool = False
     config_source: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: Variables of ``env`` whose value is only the launcher's default (no flag, no config key set it):
+    #: a value the user exported for them wins (see :func:`accel_launch.runner.launch_env`).
+    defaulted_env: frozenset[str] = frozenset()
 
     @property
     def nproc_per_node(self) -> int:
@@ -248,8 +251,13 @@ def resolve(
     if num_machines > 1 and not values.get("main_process_ip") and not values.get("tpu") and not sagemaker:
         raise ConfigError("a run on several machines needs --main_process_ip (the address of the machine of rank 0)")
     port = values.get("main_process_port")
-    if port is not None and not 0 < port < 65536:
-        raise ConfigError(f"--main_process_port must be a port number (1-65535), got {port}")
+    if port is not None and not 0 <= port < 65536:
+        raise ConfigError(f"--main_process_port must be a port number (1-65535), or 0 to pick a free one, got {port}")
+    if port == 0 and num_machines > 1:
+        raise ConfigError(
+            "--main_process_port 0 picks a free port on this machine, which the other machines cannot know: "
+            "give the port the main machine listens on (for example --main_process_port 29500)"
+        )
     if values["max_restarts"] < 0:
         raise ConfigError(f"--max_restarts must be 0 or more, got {values['max_restarts']}")
     threads = values.get("num_cpu_threads_per_process")
@@ -277,7 +285,7 @@ def resolve(
         machine_rank=machine_rank,
         main_process_ip=values.get("main_process_ip"),
         main_process_port=port,
-        port_given=port is not None,
+        port_given=bool(port),  # 0 asks for a free port, as no port does
         values=values,
         env=env,
         notes=tuple(notes),
@@ -288,7 +296,32 @@ def resolve(
             "tpu_zone": getattr(config, "tpu_zone", None),
             "config": config,
         },
+        defaulted_env=_defaulted_env(env, defaulted),
     )
+
+
+#: Variables whose name does not say which launch option sets them.
+_ENV_SOURCE = {"ACCELERATE_DEBUG_MODE": "debug", "FSDP_TRANSFORMER_CLS_TO_WRAP": "fsdp_transformer_layer_cls_to_wrap"}
+
+
+def _defaulted_env(env: Mapping[str, str], defaulted: set[str]) -> frozenset[str]:
+    """The variables of ``env`` set from a launch option that kept its default.
+
+    A variable belongs to the option it is named after (``ACCELERATE_MIXED_PRECISION`` to
+    ``mixed_precision``, ``FSDP_OFFLOAD_PARAMS`` to ``fsdp_offload_params``, ``ACCELERATE_USE_CPU`` to
+    ``cpu``), or to the one :data:`_ENV_SOURCE` names.
+    """
+    out = set()
+    for key in env:
+        source = _ENV_SOURCE.get(key)
+        if source is not None:
+            if source in defaulted:
+                out.add(key)
+            continue
+        upper = key.upper()
+        if any(upper == name.upper() or upper.endswith("_" + name.upper()) for name in defaulted):
+            out.add(key)
+    return frozenset(out)
 
 
 def _mode(values: Mapping[str, Any], num_processes: int, num_machines: int, sagemaker: bool) -> str:
@@ -338,6 +371,11 @@ def build_env(
         protocol.update(_deepspeed_env(values, config))
     if values.get("use_fsdp"):
         protocol.update(_fsdp_env(values))
+        # Keys of the documented system's FSDP settings that _fsdp_env does not carry.
+        if values.get("fsdp_activation_checkpointing_offload"):
+            protocol["FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD"] = True
+        if values.get("fsdp_ignored_modules"):
+            protocol["FSDP_IGNORED_MODULES"] = values["fsdp_ignored_modules"]
     if values.get("use_megatron_lm"):
         protocol.update(_megatron_env(values))
     if values.get("use_parallelism_config"):

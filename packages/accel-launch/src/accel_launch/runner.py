@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,8 @@ def check_script(plan: LaunchPlan) -> None:
 
 
 def choose_port(plan: LaunchPlan) -> int:
-    """The main process port: the given one (an error if already taken on the main machine), else a free one."""
+    """The main process port: the given one (an error if already taken on the main machine), else a free
+    one (also for ``--main_process_port 0``)."""
     if plan.port_given:
         port = int(plan.main_process_port or 0)
         if plan.machine_rank == 0 and _is_local(plan.main_process_ip) and is_port_in_use(port):
@@ -101,11 +103,17 @@ def _is_local(host: str | None) -> bool:
     return host in local
 
 
-def launch_env(plan: LaunchPlan) -> dict[str, str]:
-    """The plan's variables, minus a computed thread count when the user already set ``OMP_NUM_THREADS``."""
+def launch_env(plan: LaunchPlan, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The plan's variables, minus those the user already exported (in ``environ``, ``os.environ`` by
+    default) where no flag and no config key chose a value: an exported ``ACCELERATE_DEBUG_MODE=1`` or
+    ``OMP_NUM_THREADS`` is kept rather than overwritten by a launcher default."""
+    environ = os.environ if environ is None else environ
     env = dict(plan.env)
-    if plan.values.get("num_cpu_threads_per_process") is None and os.environ.get("OMP_NUM_THREADS"):
+    if plan.values.get("num_cpu_threads_per_process") is None and environ.get("OMP_NUM_THREADS"):
         env.pop("OMP_NUM_THREADS", None)
+    for key in plan.defaulted_env:
+        if environ.get(key):
+            env.pop(key, None)
     return env
 
 
@@ -196,8 +204,10 @@ def run_torchrun(plan: LaunchPlan, port: int) -> int:
 
 def run_deepspeed(plan: LaunchPlan, port: int) -> int:
     """A multi-node DeepSpeed run through the ``deepspeed`` launcher (pdsh and friends)."""
+    from accel_launch import launch_utils  # its `which` is what tests patch
+
     cmd = deepspeed_command(plan, port)
-    if shutil.which("deepspeed") is None:
+    if launch_utils.which("deepspeed") is None:
         raise LaunchError(
             'a multi-node DeepSpeed run needs the `deepspeed` launcher: pip install "accel-train[deepspeed]"'
         )
@@ -209,12 +219,17 @@ def run_deepspeed(plan: LaunchPlan, port: int) -> int:
 
 def run_mpirun(plan: LaunchPlan) -> int:
     """A multi-CPU run started by ``mpirun`` on the hosts of the hostfile."""
-    if shutil.which("mpirun") is None:
-        raise LaunchError("--mpirun_hostfile needs `mpirun` (Intel MPI or MPICH) on the PATH")
+    from accel_launch import launch_utils  # its `which` and `subprocess` are what tests patch
+
+    try:
+        spelling = launch_utils.mpirun_spelling()
+    except OSError as error:
+        raise LaunchError(f"--mpirun_hostfile: {error}") from None
     env = _child_env(plan)
     env.setdefault("MASTER_ADDR", plan.main_process_ip or "127.0.0.1")
     env.setdefault("MASTER_PORT", str(plan.main_process_port or 29500))
-    return subprocess.run([*mpirun_command(plan), *script_command(plan)], env=env, check=False).returncode
+    command = [*mpirun_command(plan, spelling), *script_command(plan)]
+    return launch_utils.subprocess.run(command, env=env, check=False).returncode
 
 
 def run_tpu(plan: LaunchPlan) -> int:

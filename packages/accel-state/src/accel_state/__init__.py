@@ -41,6 +41,7 @@ _export(
     "verify_operation",
     "chained_operation",
     "gather_tensor_shape",
+    "CannotPadNestedTensorWarning",
 )
 _export(
     "nested",
@@ -92,6 +93,7 @@ _export(
     "clear_environment",
     "are_libraries_initialized",
     "get_cpu_distributed_information",
+    "check_os_kernel",
 )
 _export("versions", "compare_versions", "is_torch_version")
 _export(

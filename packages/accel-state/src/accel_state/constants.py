@@ -60,3 +60,27 @@ ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION = "2.2.0"
 FSDP_PYTORCH_VERSION = "2.1.0"
 FSDP2_PYTORCH_VERSION = "2.6.0"
 XPU_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.4.0"
+
+
+#: Names whose value needs torch: built on first access (module ``__getattr__``), so importing this
+#: module stays free of torch.
+_TORCH_CONSTANTS = ("SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",)
+
+
+def __getattr__(name: str) -> object:
+    if name == "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING":
+        # Layers whose weights layerwise casting stores in a low-precision dtype and upcasts for forward.
+        from torch import nn
+
+        value = (
+            nn.Conv1d,
+            nn.Conv2d,
+            nn.Conv3d,
+            nn.ConvTranspose1d,
+            nn.ConvTranspose2d,
+            nn.ConvTranspose3d,
+            nn.Linear,
+        )
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,13 +34,49 @@ MULTI_TYPE_BY_DEVICE = {
 }
 
 
+def parse_device(text: str) -> tuple[str, int | None]:
+    """Split a device string (``"cuda"``, ``"cuda:1"``) into its type and index (``None`` when absent).
+
+    Raises:
+        ValueError: the text is empty or its index is not a non-negative integer.
+    """
+    device_type, sep, index = text.strip().partition(":")
+    if not device_type or (sep and not index.isdigit()):
+        raise ValueError(
+            f"ACCELERATE_TORCH_DEVICE={text!r} is not a device: expected a type with an optional index, "
+            "like 'cuda' or 'cuda:1'"
+        )
+    return device_type, int(index) if sep else None
+
+
+def forced_device_index(cpu: bool = False) -> int | None:
+    """The device index ``ACCELERATE_TORCH_DEVICE`` pins (``cuda:1`` gives 1), or ``None``."""
+    forced = os.environ.get("ACCELERATE_TORCH_DEVICE")
+    if cpu or not forced:
+        return None
+    return parse_device(forced)[1]
+
+
+def pick_device_index(device_type: str, local_rank: int, count: int, forced_index: int | None = None) -> int | None:
+    """The index of the device this process uses.
+
+    A pinned index (``ACCELERATE_TORCH_DEVICE=cuda:1``) wins; otherwise each process takes the device
+    of its local rank, modulo the number of devices. cpu and mps have no index unless one is pinned.
+    """
+    if forced_index is not None:
+        return forced_index
+    if device_type in ("cpu", "mps"):
+        return None
+    return local_rank % count if count else 0
+
+
 def detect_device_type(cpu: bool = False) -> str:
     """The device type to run on: ``ACCELERATE_TORCH_DEVICE``, else the first accelerator found, else cpu."""
     if cpu:
         return "cpu"
     forced = os.environ.get("ACCELERATE_TORCH_DEVICE")
     if forced:
-        return forced.split(":")[0]
+        return parse_device(forced)[0]
     if imports.is_cuda_available():
         return "cuda"
     if imports.is_mps_available():

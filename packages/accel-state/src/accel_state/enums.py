@@ -43,6 +43,7 @@ class DistributedType(_StrEnum):
     MULTI_MUSA = "MULTI_MUSA"
     MULTI_HPU = "MULTI_HPU"
     MULTI_XPU = "MULTI_XPU"
+    MULTI_NEURON = "MULTI_NEURON"
     DEEPSPEED = "DEEPSPEED"
     FSDP = "FSDP"
     XLA = "XLA"
@@ -85,6 +86,7 @@ class RNGType(_StrEnum):
     XLA = "xla"
     XPU = "xpu"
     HPU = "hpu"
+    NEURON = "neuron"
     GENERATOR = "generator"
 
 
@@ -102,6 +104,7 @@ class DynamoBackend(_StrEnum):
     FX2TRT = "FX2TRT"
     ONNXRT = "ONNXRT"
     TENSORRT = "TENSORRT"
+    NEURON = "NEURON"
     AOT_TORCHXLA_TRACE_ONCE = "AOT_TORCHXLA_TRACE_ONCE"
     TORCHXLA_TRACE_ONCE = "TORCHXLA_TRACE_ONCE"
     IPEX = "IPEX"

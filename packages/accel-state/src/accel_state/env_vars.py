@@ -69,7 +69,12 @@ _ALL: tuple[EnvVar, ...] = (
     _v("ACCELERATE_USE_CPU", "bool", False, "force execution on CPU even when an accelerator is present"),
     _v("ACCELERATE_DEBUG_MODE", "bool", False, "check shapes across ranks before each collective"),
     _v("ACCELERATE_LOG_LEVEL", "str", None, "log level of accel loggers (INFO, DEBUG, ...)"),
-    _v("ACCELERATE_TORCH_DEVICE", "str", None, "torch device type to run on (for example hpu, xpu)"),
+    _v(
+        "ACCELERATE_TORCH_DEVICE",
+        "str",
+        None,
+        "torch device to run on: a type (hpu, xpu) or a type and index (cuda:1) that pins the device",
+    ),
     _v("ACCELERATE_CPU_AFFINITY", "bool", False, "pin each process to the CPU cores near its GPU"),
     _v("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "int", 1, "number of gradient accumulation steps"),
     _v("ACCELERATE_GRADIENT_CLIPPING", "float", None, "gradient clipping value (DeepSpeed)"),
@@ -116,6 +121,8 @@ _ALL: tuple[EnvVar, ...] = (
     _v("FSDP_SYNC_MODULE_STATES", "bool", True, "broadcast module states from rank 0"),
     _v("FSDP_ACTIVATION_CHECKPOINTING", "bool", False, "checkpoint activations of wrapped layers"),
     _v("FSDP_CPU_OFFLOAD", "bool", False, "alias of FSDP_OFFLOAD_PARAMS kept for old launchers"),
+    _v("FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD", "bool", False, "offload checkpointed activations to the CPU"),
+    _v("FSDP_IGNORED_MODULES", "str", None, "regular expression of module names FSDP leaves unsharded"),
     # Megatron-LM
     _v("ACCELERATE_USE_MEGATRON_LM", "bool", False, "use Megatron-LM"),
     _v("MEGATRON_LM_TP_DEGREE", "int", 1, "tensor parallel degree"),

@@ -96,3 +96,41 @@ def get_cpu_distributed_information() -> dict[str, int]:
             ["LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE"], 1
         ),
     }
+
+
+#: Oldest Linux kernel on which multi-process runs are known not to hang.
+MINIMUM_LINUX_KERNEL = "5.5.0"
+
+
+def check_os_kernel(release: str | None = None, system: str | None = None) -> bool:
+    """Warn (once per machine, as a log record and a warning) when the Linux kernel is older than
+    :data:`MINIMUM_LINUX_KERNEL`, where processes can hang; True when it is (``release`` and ``system``
+    default to this machine's, from :func:`platform.uname`)."""
+    import logging
+    import platform
+    import re
+    import warnings
+
+    if release is None or system is None:
+        info = platform.uname()
+        release = info.release if release is None else release
+        system = info.system if system is None else system
+    if system != "Linux":
+        return False
+    found = re.search(r"(\d+)\.(\d+)\.(\d+)", release)
+    if found is None:
+        return False
+    version = tuple(int(part) for part in found.groups())
+    minimum = tuple(int(part) for part in MINIMUM_LINUX_KERNEL.split("."))
+    if version >= minimum:
+        return False
+    text = ".".join(found.groups())
+    message = (
+        f"Linux kernel {text} is older than {MINIMUM_LINUX_KERNEL}, the oldest on which multi-process runs are "
+        f"known not to hang; upgrade the kernel to {MINIMUM_LINUX_KERNEL} or newer."
+    )
+    local_rank = os.environ.get("LOCAL_RANK", "0")
+    if local_rank in ("", "0"):
+        logging.getLogger(__name__).warning(message)
+        warnings.warn(message, stacklevel=2)
+    return True

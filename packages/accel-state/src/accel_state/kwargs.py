@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
+
+
+@contextlib.contextmanager
+def without_launcher_variables() -> Iterator[None]:
+    """Hide the launcher's variables (``ACCELERATE_*``, ``FSDP_*`` and the rest of :mod:`env_vars`) for
+    the duration of the block, then put them back."""
+    from accel_state.env_vars import ENV_VARS
+
+    hidden = {
+        key: value for key, value in os.environ.items() if key in ENV_VARS or key.startswith(("ACCELERATE_", "FSDP_"))
+    }
+    for key in hidden:
+        del os.environ[key]
+    try:
+        yield
+    finally:
+        os.environ.update(hidden)
 
 
 class KwargsHandler:
@@ -17,8 +37,13 @@ class KwargsHandler:
         return copy.deepcopy(self.__dict__)
 
     def to_kwargs(self) -> dict[str, Any]:
-        """The fields whose value differs from the default of the class."""
-        default = self.__class__().to_dict()
+        """The fields whose value differs from the default of the class.
+
+        The defaults are those of a handler built without the launcher's variables, so a value that
+        came from the environment (``ACCELERATE_DYNAMO_BACKEND``, say) counts as a change.
+        """
+        with without_launcher_variables():
+            default = self.__class__().to_dict()
         return {key: value for key, value in self.to_dict().items() if default.get(key) != value}
 
 

@@ -59,14 +59,33 @@ def should_reduce_batch_size(exception: BaseException) -> bool:
     return False
 
 
+def _takes_no_arguments(function: Callable[..., Any]) -> bool:
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return True
+    return not any(
+        p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        for p in signature.parameters.values()
+    )
+
+
 def find_executable_batch_size(
     function: Callable[..., Any] | None = None,
     starting_batch_size: int = 128,
-    reduce_batch_size_fn: Callable[[int], int] | None = None,
+    reduce_batch_size_fn: Callable[..., int] | None = None,
 ) -> Any:
-    """Decorator: call ``function(batch_size, ...)``, halving the batch size after each out-of-memory error.
+    """Decorator: call ``function(batch_size, ...)``, shrinking the batch size after each out-of-memory error.
 
     The decorated function must take the batch size as its first argument and be called without it.
+    After an out-of-memory error the batch size becomes ``int(batch_size * 0.9)``, or what
+    ``reduce_batch_size_fn()`` returns (called without arguments, as the documented system does; a
+    function that requires one argument is given the failed batch size). The size that last worked is
+    kept: a later call of the decorated function starts from it.
+
+    Raises:
+        RuntimeError: the batch size reached zero.
+        TypeError: the batch size was passed in the call.
     """
     if function is None:
         return functools.partial(
@@ -74,11 +93,18 @@ def find_executable_batch_size(
             starting_batch_size=starting_batch_size,
             reduce_batch_size_fn=reduce_batch_size_fn,
         )
-    reduce = reduce_batch_size_fn or (lambda size: size // 2)
+    batch_size = starting_batch_size
+
+    def next_batch_size(failed: int) -> int:
+        if reduce_batch_size_fn is None:
+            return int(failed * 0.9)
+        if _takes_no_arguments(reduce_batch_size_fn):
+            return int(reduce_batch_size_fn())
+        return int(reduce_batch_size_fn(failed))
 
     @functools.wraps(function)
     def decorator(*args: Any, **kwargs: Any) -> Any:
-        batch_size = starting_batch_size
+        nonlocal batch_size
         clear_device_cache(garbage_collection=True)
         params = list(inspect.signature(function).parameters)
         if len(params) < len(args) + 1:
@@ -88,7 +114,7 @@ def find_executable_batch_size(
                 f"as the decorator already does so: `{function.__name__}({passed})`"
             )
         while True:
-            if batch_size == 0:
+            if batch_size <= 0:
                 raise RuntimeError("No executable batch size found, reached zero.")
             try:
                 return function(batch_size, *args, **kwargs)
@@ -96,6 +122,6 @@ def find_executable_batch_size(
                 if not should_reduce_batch_size(error):
                     raise
                 clear_device_cache(garbage_collection=True)
-                batch_size = reduce(batch_size)
+                batch_size = next_batch_size(batch_size)
 
     return decorator

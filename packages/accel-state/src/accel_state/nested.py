@@ -201,7 +201,10 @@ def slice_tensors(
 
 
 def concatenate(data: list[Any], dim: int = 0) -> Any:
-    """Concatenate a list of structures of tensors along ``dim``, leaf by leaf."""
+    """Concatenate a list of structures of tensors along ``dim``, leaf by leaf.
+
+    A list holding one object that is not a tensor (nor a structure of them) gives that object back.
+    """
     if not isinstance(data, (list, tuple)) or len(data) == 0:
         raise ValueError("concatenate needs a non-empty list of tensors or of structures of tensors")
     first = data[0]
@@ -210,6 +213,8 @@ def concatenate(data: list[Any], dim: int = 0) -> Any:
     if isinstance(first, Mapping):
         return _rebuild_mapping(first, {key: concatenate([d[key] for d in data], dim=dim) for key in first})
     if not isinstance(first, torch.Tensor):
+        if len(data) == 1:
+            return first  # a single batch of anything is returned as it is
         raise TypeError(f"can only concatenate tensors, got {type(first).__name__}")
     return torch.cat(list(data), dim=dim)
 

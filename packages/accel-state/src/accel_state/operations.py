@@ -9,6 +9,7 @@ all raise :class:`DistributedOperationException`, naming every rank's shapes, in
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from functools import wraps
 from typing import Any, TypeVar
@@ -57,7 +58,18 @@ def world_size(operation: str = "this operation") -> int:
     return 1
 
 
+class CannotPadNestedTensorWarning(UserWarning):
+    """``pad_across_processes`` met a nested tensor: it cannot know how to pad it and leaves it as is."""
+
+
 def _debug_mode() -> bool:
+    """Debug checks on: ``PartialState().debug`` once the state exists (it may be changed at run time),
+    else ``ACCELERATE_DEBUG_MODE``."""
+    from accel_state.state import PartialState
+
+    shared = PartialState._shared_state
+    if shared.get("_initialized") and "debug" in shared:
+        return bool(shared["debug"])
     return os.environ.get("ACCELERATE_DEBUG_MODE", "").lower() in ("1", "true", "yes", "on", "y", "t")
 
 
@@ -173,18 +185,24 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     return object_list
 
 
+_REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
+
+
 @watched_collective()
 @verify_operation
 def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
-    """Sum (``sum``), average (``mean``) or leave (``none``) tensors across processes, times ``scale``."""
-    if reduction not in ("sum", "mean", "none"):
-        raise ValueError(f"reduction must be 'sum', 'mean' or 'none', got {reduction!r}")
+    """Reduce tensors across processes, element-wise, then multiply by ``scale``.
+
+    ``reduction`` is ``sum``, ``mean``, ``max``, ``min`` or ``none`` (each process keeps its own).
+    """
+    if reduction not in (*_REDUCE_OPS, "none"):
+        raise ValueError(f"reduction must be 'sum', 'mean', 'max', 'min' or 'none', got {reduction!r}")
     size = world_size("reduce")
 
     def _reduce_one(t: torch.Tensor) -> torch.Tensor:
         out = t.clone()
         if size > 1 and reduction != "none":
-            dist.all_reduce(out, op=dist.ReduceOp.SUM)
+            dist.all_reduce(out, op=getattr(dist.ReduceOp, _REDUCE_OPS[reduction]))
         if reduction == "mean":
             out = out / size
         return out * scale if scale != 1.0 else out
@@ -199,10 +217,20 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
     size = world_size("pad_across_processes")
 
     def _pad_one(t: torch.Tensor) -> torch.Tensor:
+        if getattr(t, "is_nested", False):
+            warnings.warn(
+                "pad_across_processes cannot pad a nested tensor (its components may differ in size); "
+                "it is returned unpadded",
+                CannotPadNestedTensorWarning,
+                stacklevel=4,
+            )
+            return t
         if dim >= t.ndim or dim < -t.ndim or size == 1:
             return t
         shape = torch.tensor(t.shape, device=t.device)[None]
-        sizes = _gather_one(shape).cpu()
+        # Through the checked `gather`: in debug mode tensors of different rank on different
+        # processes raise DistributedOperationException on every rank instead of aborting gloo.
+        sizes = gather(shape).cpu()
         longest = int(sizes[:, dim].max())
         if longest == t.shape[dim]:
             return t

@@ -102,7 +102,10 @@ class PartialState:
             for key, value in proc.torch_variables().items():
                 os.environ.setdefault(key, value)
             if device_type != "cpu" and devices.device_count(device_type) > 0:
-                getattr(torch, device_type).set_device(proc.local_rank % devices.device_count(device_type))
+                index = devices.pick_device_index(
+                    device_type, proc.local_rank, devices.device_count(device_type), devices.forced_device_index(cpu)
+                )
+                getattr(torch, device_type).set_device(index)
             init_kwargs: dict[str, Any] = {"backend": self.backend}
             if timeout is not None:
                 init_kwargs["timeout"] = timeout
@@ -126,18 +129,15 @@ class PartialState:
             self.distributed_type = devices.MULTI_TYPE_BY_DEVICE.get(device_type, DistributedType.MULTI_CPU)
         else:
             self.distributed_type = DistributedType.NO
-        self.device = self._pick_device(device_type)
+        self.device = self._pick_device(device_type, devices.forced_device_index(cpu))
         self._initialized = True
         if self._owns_process_group:
             atexit.register(_destroy_at_exit)
 
-    def _pick_device(self, device_type: str) -> Any:
-        torch = _torch()
-        if device_type in ("cpu", "mps"):
-            return torch.device(device_type)
+    def _pick_device(self, device_type: str, forced_index: int | None = None) -> Any:
         count = devices.device_count(device_type)
-        index = self.local_process_index % count if count else 0
-        return torch.device(device_type, index)
+        index = devices.pick_device_index(device_type, self.local_process_index, count, forced_index)
+        return _torch().device(device_type, index)
 
     # -- identity ---------------------------------------------------------------------------------
 
@@ -178,7 +178,7 @@ class PartialState:
     @property
     def default_device(self) -> Any:
         """The device this process would use if nothing was forced."""
-        return self._pick_device(devices.detect_device_type())
+        return self._pick_device(devices.detect_device_type(), devices.forced_device_index())
 
     @property
     def is_fsdp2(self) -> bool:
@@ -313,6 +313,16 @@ class AcceleratorState:
     """
 
     _shared_state: dict[str, Any] = {}
+    _known_attrs = (
+        "_mixed_precision",
+        "deepspeed_plugins",
+        "dynamo_plugin",
+        "fsdp_plugin",
+        "megatron_lm_plugin",
+        "parallelism_config",
+        "torch_tp_plugin",
+        "use_ipex",
+    )
 
     def __init__(
         self,
@@ -328,6 +338,13 @@ class AcceleratorState:
         **kwargs: Any,
     ) -> None:
         self.__dict__ = self._shared_state
+        if self._shared_state.get("_initialized") and not PartialState._shared_state.get("_initialized"):
+            # PartialState._reset_state() was called (test suites, notebooks): this state is stale.
+            if _from_accelerator:
+                # A new Accelerator gives its whole configuration: build the state again from it.
+                self._shared_state.clear()
+            else:
+                self._reattach_partial_state(cpu, **kwargs)
         if self._shared_state.get("_initialized"):
             if mixed_precision is not None and str(mixed_precision) != self._mixed_precision:
                 raise ValueError(
@@ -364,16 +381,29 @@ class AcceleratorState:
         self.use_ipex = False
         self._initialized = True
 
+    def _reattach_partial_state(self, cpu: bool, **kwargs: Any) -> None:
+        """Set up a new PartialState under this state, keeping precision and plugins."""
+        if env_vars.read("ACCELERATE_USE_CPU"):
+            cpu = True
+        self._partial = PartialState(cpu, **kwargs)
+        if self.distributed_type not in _PLUGIN_TYPES.values():
+            self.distributed_type = self._partial.distributed_type
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_partial", "_shared_state"):
             raise AttributeError(name)
         partial = self._shared_state.get("_partial")
-        if partial is None:
-            raise AttributeError(
-                f"`AcceleratorState` object has no attribute `{name}`: the state is not initialised yet. "
-                "Create an `Accelerator()` (or `AcceleratorState()`) first."
-            )
-        return getattr(partial, name)
+        if partial is None or not partial._shared_state.get("_initialized"):
+            if name in PartialState._known_attrs or name in self._known_attrs:
+                raise AttributeError(
+                    f"`AcceleratorState` object has no attribute `{name}`: the state is not initialised yet "
+                    "(or `_reset_state()` was called since). Create an `Accelerator()` (or `AcceleratorState()`) first."
+                )
+            raise AttributeError(f"'AcceleratorState' object has no attribute '{name}'")
+        try:
+            return getattr(partial, name)
+        except AttributeError:
+            raise AttributeError(f"'AcceleratorState' object has no attribute '{name}'") from None
 
     def __repr__(self) -> str:
         text = repr(self._partial).replace(str(self._partial.distributed_type), str(self.distributed_type), 1)

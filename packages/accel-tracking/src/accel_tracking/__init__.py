@@ -22,6 +22,7 @@ _NAMES = [
     "MLflowTracker",
     "SwanLabTracker",
     "TensorBoardTracker",
+    "NotATrackerClassError",
     "TrackerError",
     "TrackioTracker",
     "WandBTracker",

@@ -47,6 +47,14 @@ def get_available_trackers() -> list[LoggerType]:
     ]
 
 
+class NotATrackerClassError(TypeError, ValueError):
+    """``register_tracker_class`` was given something that is not a ``GeneralTracker`` subclass.
+
+    Both a ``TypeError`` (what accel raised first) and a ``ValueError`` (what the documented system
+    raises), so code catching either keeps working.
+    """
+
+
 def register_tracker_class(tracker_class: type[GeneralTracker]) -> type[GeneralTracker]:
     """Make a custom tracker usable by name in ``log_with`` (``Accelerator(log_with="my_tracker")``).
 
@@ -56,7 +64,9 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> type[GeneralT
     warning). Returns the class, so it can be used as a decorator.
     """
     if not (isinstance(tracker_class, type) and issubclass(tracker_class, GeneralTracker)):
-        raise TypeError(f"register_tracker_class takes a subclass of GeneralTracker, got {tracker_class!r}.")
+        raise NotATrackerClassError(
+            f"register_tracker_class takes a subclass of GeneralTracker, got {tracker_class!r}."
+        )
     name = getattr(tracker_class, "name", None)
     if not isinstance(name, str) or not name:
         raise ValueError(f"{tracker_class.__name__} must define a non-empty string `name` to be registered.")

@@ -10,6 +10,7 @@ from accel_tracking.general import GeneralTracker, on_main_process
 from accel_tracking.logger_type import LoggerType
 from accel_tracking.registry import (
     LOGGER_TYPE_TO_CLASS,
+    NotATrackerClassError,
     filter_trackers,
     get_available_trackers,
     register_tracker_class,
@@ -35,6 +36,7 @@ __all__ = [
     "JSONLTracker",
     "LoggerType",
     "MLflowTracker",
+    "NotATrackerClassError",
     "SwanLabTracker",
     "TensorBoardTracker",
     "TrackerError",

@@ -40,11 +40,29 @@ _export(
     "MegatronLMPlugin",
     "TorchTensorParallelPlugin",
     "ParallelismConfig",
+    "TorchTensorParallelConfig",
+    "TorchContextParallelConfig",
     "BackendNotAvailableError",
 )
 _export("checkpointing", "CheckpointMismatchError")
 _export("checkpoint_io", "UnsafeCheckpointError")
 _export("merge", "merge_fsdp_weights")
+_export(
+    "fsdp_utils",
+    "save_fsdp_model",
+    "load_fsdp_model",
+    "save_fsdp_optimizer",
+    "load_fsdp_optimizer",
+    "enable_fsdp_ram_efficient_loading",
+    "disable_fsdp_ram_efficient_loading",
+    "get_fsdp2_grad_scaler",
+    "fsdp2_prepare_model",
+    "fsdp2_load_full_state_dict",
+    "fsdp2_apply_ac",
+    "fsdp2_canonicalize_names",
+    "fsdp2_switch_optimizer_parameters",
+    "ensure_weights_retied",
+)
 
 __all__ = ["__version__", *_EXPORTS]
 

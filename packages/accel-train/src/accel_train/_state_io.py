@@ -313,9 +313,7 @@ class StateIOMixin:
         path = os.fspath(f)
         tmp = f"{path}.partial"
         if safe_serialization:
-            from safetensors.torch import save_file
-
-            save_file(obj, tmp, metadata={"format": "pt"})
+            io.save_weights(obj, tmp, safe_serialization=True)  # shared tensors stored once, and logged
         else:
             torch.save(obj, tmp)
         os.replace(tmp, path)

@@ -138,6 +138,10 @@ class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin)
         for slot, handler in components.handlers.items():
             setattr(self, slot, handler)
         self.state = components.state
+        if self.state.is_local_main_process:
+            from accel_state.environment import check_os_kernel
+
+            check_os_kernel()  # old Linux kernels can hang multi-process runs: warn once
         self._strategy = components.strategy
         self.precision = components.precision
         self.checkpoint_io = components.checkpoint_io

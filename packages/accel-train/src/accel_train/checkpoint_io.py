@@ -27,6 +27,7 @@ suffix since it is no longer a pickle).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import random
@@ -36,6 +37,8 @@ from typing import Any
 import torch
 
 from accel_state import imports
+
+logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = "accel_checkpoint.json"
 FORMAT_VERSION = 1
@@ -110,7 +113,49 @@ def save_weights(state_dict: Mapping[str, Any], path: str, safe_serialization: b
     metadata = {"format": "pt"}
     if aliases:
         metadata["accel_aliases"] = json.dumps(aliases)
+        logger.warning(
+            "Removed shared tensor%s %s while saving %s (each is stored once, under %s); loading restores them "
+            "as aliases. Check that reloading gives no warning about missing keys.",
+            "s" if len(aliases) > 1 else "",
+            sorted(aliases),
+            path,
+            sorted(set(aliases.values())),
+        )
     save_file(tensors, path, metadata=metadata)
+
+
+def save(
+    obj: Any, f: str | os.PathLike[str], save_on_each_node: bool = False, safe_serialization: bool = False
+) -> None:
+    """Save ``obj`` to ``f`` from one process: the main one, or the local main one of every machine with
+    ``save_on_each_node`` (``accel.utils.save``).
+
+    With ``safe_serialization`` ``obj`` must be a dict of tensors, written with safetensors; tensors that
+    share storage are stored once and their removal is logged. Otherwise ``torch.save`` is used.
+    """
+    from accel_state.state import PartialState
+
+    state = PartialState()
+    writer = state.is_local_main_process if save_on_each_node else state.is_main_process
+    if not writer:
+        return
+    path = os.fspath(f)
+    if safe_serialization:
+        if not isinstance(obj, Mapping):
+            raise TypeError(f"save(safe_serialization=True) writes a dict of tensors, got {type(obj).__name__}")
+        save_weights(dict(obj), path, safe_serialization=True)
+    else:
+        torch.save(obj, path)
+
+
+def load(f: str | os.PathLike[str], map_location: Any = None, **kwargs: Any) -> Any:
+    """Load what :func:`save` wrote (``accel.utils.load``): ``torch.load`` with ``weights_only=True`` unless
+    ``weights_only=False`` is passed; a ``.safetensors`` file is read with safetensors."""
+    path = os.fspath(f)
+    if path.endswith(".safetensors"):
+        return load_weights(path, map_location or "cpu")
+    kwargs.setdefault("weights_only", True)
+    return torch.load(path, map_location=map_location, **kwargs)
 
 
 def load_weights(path: str, device: Any = "cpu") -> dict[str, torch.Tensor]:

@@ -30,6 +30,15 @@ class FullyShardedDataParallelPlugin:
     Every field left ``None`` takes the value the launcher wrote (``FSDP_*`` variables), else the
     documented default. Choice fields accept the names of :mod:`accel_state.enums` (any case) or
     their 1-based numbers.
+
+    ``mixed_precision_policy`` takes torch's object of the version (``MixedPrecision`` for FSDP1,
+    ``MixedPrecisionPolicy`` for FSDP2), a dict of dtypes (``{"param_dtype": "bf16", ...}``) or one
+    dtype name; left ``None``, it follows the Accelerator's ``mixed_precision``. ``cpu_offload`` takes
+    a bool or torch's object of the version; on a machine without an accelerator the parameters already
+    live on the CPU, so offloading is skipped with a warning. ``ignored_modules`` takes modules or a
+    regular expression over submodule names. ``auto_wrap_policy`` left ``None`` becomes
+    TRANSFORMER_BASED_WRAP when ``transformer_cls_names_to_wrap`` is given in code, SIZE_BASED_WRAP when
+    ``min_num_params`` is.
     """
 
     fsdp_version: int | None = None
@@ -59,6 +68,8 @@ class FullyShardedDataParallelPlugin:
         if self.fsdp_version not in (1, 2):
             raise ValueError(f"{_NAME}.fsdp_version={self.fsdp_version!r} is not valid; choose one of [1, 2]")
         version = self.fsdp_version
+        self._check_version_only_fields(version)
+        explicit_wrap = (self.transformer_cls_names_to_wrap, self.min_num_params)
         if version == 2 and self.sharding_strategy is not None:
             raise ValueError(f"{_NAME}: sharding_strategy is FSDP1 only; with fsdp_version=2 use reshard_after_forward")
         if version == 1 and isinstance(self.reshard_after_forward, bool):
@@ -105,8 +116,48 @@ class FullyShardedDataParallelPlugin:
             self.transformer_cls_names_to_wrap = [
                 n.strip() for n in self.transformer_cls_names_to_wrap.split(",") if n.strip()
             ]
-        if self.cpu_ram_efficient_loading and not self.sync_module_states and version == 1:
+        if self.auto_wrap_policy is None:
+            # Layer classes or a size given in code choose their policy.
+            if explicit_wrap[0]:
+                self.auto_wrap_policy = "TRANSFORMER_BASED_WRAP"
+            elif explicit_wrap[1]:
+                self.auto_wrap_policy = "SIZE_BASED_WRAP"
+        if self.auto_wrap_policy == "SIZE_BASED_WRAP" and self.min_num_params is None:
+            self.min_num_params = 100_000_000
+        if self.cpu_ram_efficient_loading and not self.sync_module_states:
             raise ValueError(
                 f"{_NAME}: cpu_ram_efficient_loading=True needs sync_module_states=True (ranks other than 0 start "
                 "empty and receive rank 0's weights); set sync_module_states=True"
+            )
+
+    def _check_version_only_fields(self, version: int) -> None:
+        """Options of one FSDP version given with the other: an error naming both."""
+        policy, offload = self.mixed_precision_policy, self.cpu_offload
+        policy_kind = type(policy).__name__ if policy is not None else None
+        offload_kind = type(offload).__name__ if offload is not None else None
+        if version == 1:
+            if policy_kind == "MixedPrecisionPolicy":
+                raise ValueError(
+                    f"{_NAME}: mixed_precision_policy is an FSDP2 MixedPrecisionPolicy but fsdp_version=1; give a "
+                    "torch.distributed.fsdp.MixedPrecision (or set fsdp_version=2)"
+                )
+            if offload_kind in ("CPUOffloadPolicy", "OffloadPolicy"):
+                raise ValueError(
+                    f"{_NAME}: cpu_offload={offload_kind} is FSDP2 only; with fsdp_version=1 give "
+                    "CPUOffload(offload_params=True) or True"
+                )
+            return
+        if policy_kind == "MixedPrecision":
+            raise ValueError(
+                f"{_NAME}: mixed_precision_policy is an FSDP1 MixedPrecision but fsdp_version=2; give a "
+                "torch.distributed.fsdp.MixedPrecisionPolicy (or set fsdp_version=1)"
+            )
+        if offload_kind == "CPUOffload":
+            raise ValueError(
+                f"{_NAME}: cpu_offload=CPUOffload is FSDP1 only; with fsdp_version=2 give CPUOffloadPolicy() or True"
+            )
+        if self.use_orig_params is False:
+            raise ValueError(
+                f"{_NAME}: use_orig_params=False is FSDP1 only (FSDP2 always trains the original parameters); "
+                "remove it or set fsdp_version=1"
             )

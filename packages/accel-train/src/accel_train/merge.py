@@ -32,11 +32,19 @@ def merge_fsdp_weights(
     output_path: str,
     safe_serialization: bool = True,
     remove_checkpoint_dir: bool = False,
+    max_shard_size: int | str | None = None,
 ) -> str:
-    """Read the shards of ``checkpoint_dir`` (written with ``SHARDED_STATE_DICT``) on one process and
-    write ``model.safetensors`` (or ``pytorch_model.bin``) into ``output_path``; returns the file path.
+    """Read the shards of ``checkpoint_dir`` (written with ``SHARDED_STATE_DICT``, on any number of
+    processes) on this one process and write ``model.safetensors`` (or ``pytorch_model.bin``) into
+    ``output_path``; returns the file path.
+
+    ``checkpoint_dir`` is a DCP folder (``pytorch_model_fsdp_0``) or a ``save_state`` folder holding
+    one. With ``max_shard_size`` the weights are split into files of at most that size with an index
+    (``model.safetensors.index.json``) and the index path is returned. Only the main process writes
+    when called inside a distributed run.
     """
     checkpoint_dir = os.fspath(checkpoint_dir)
+    output_path = os.fspath(output_path)
     if not os.path.isdir(checkpoint_dir):
         raise FileNotFoundError(f"checkpoint folder {checkpoint_dir} does not exist")
     if not os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
@@ -48,18 +56,43 @@ def merge_fsdp_weights(
                 f"{checkpoint_dir} is not a torch.distributed.checkpoint folder (no .metadata file); give the "
                 "folder of a sharded FSDP checkpoint (for example pytorch_model_fsdp_0)"
             )
-    state_dict = _load_distributed_checkpoint(checkpoint_dir)
-    if set(state_dict) == {"model"} and isinstance(state_dict["model"], dict):
-        state_dict = state_dict["model"]
-    os.makedirs(output_path, exist_ok=True)
-    from accel_train import checkpoint_io as io
-
+    if os.path.isfile(output_path):
+        raise ValueError(f"output_path {output_path} is a file; give a folder to write the merged weights into")
+    writer = _is_main_process()
     name = "model.safetensors" if safe_serialization else "pytorch_model.bin"
     target = os.path.join(output_path, name)
-    tmp = target + ".partial"
-    io.save_weights(state_dict, tmp, safe_serialization=safe_serialization)
-    os.replace(tmp, target)
-    logger.info("merged %d tensors from %s into %s", len(state_dict), checkpoint_dir, target)
-    if remove_checkpoint_dir:
-        shutil.rmtree(checkpoint_dir)
+    if writer:
+        state_dict = _load_distributed_checkpoint(checkpoint_dir)
+        if set(state_dict) == {"model"} and isinstance(state_dict["model"], dict):
+            state_dict = state_dict["model"]
+        os.makedirs(output_path, exist_ok=True)
+        if max_shard_size is not None:
+            from accel_bigmodel.sharding import save_sharded
+
+            save_sharded(state_dict, output_path, max_shard_size=max_shard_size, safe_serialization=safe_serialization)
+            index = target + ".index.json"
+            target = index if os.path.isfile(index) else target
+        else:
+            from accel_train import checkpoint_io as io
+
+            tmp = target + ".partial"
+            io.save_weights(state_dict, tmp, safe_serialization=safe_serialization)
+            os.replace(tmp, target)
+        logger.info("merged %d tensors from %s into %s", len(state_dict), checkpoint_dir, target)
+        if remove_checkpoint_dir:
+            shutil.rmtree(checkpoint_dir)
+    _barrier()
     return target
+
+
+def _is_main_process() -> bool:
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()

@@ -80,6 +80,19 @@ class TorchDynamoPlugin(KwargsHandler):
     def enabled(self) -> bool:
         return self.backend != DynamoBackend.NO and not self.disable
 
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, with the backend as a lower-case string (``"inductor"``)."""
+        values = super().to_dict()
+        values["backend"] = str(DynamoBackend.parse(values["backend"]).value).lower()
+        return values
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The settings changed from the defaults, those read from ``ACCELERATE_DYNAMO_*`` included;
+        ``use_regional_compilation`` is accel's own business and never part of it."""
+        kwargs = super().to_kwargs()
+        kwargs.pop("use_regional_compilation", None)
+        return kwargs
+
     def to_compile_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``torch.compile``."""
         kwargs: dict[str, Any] = {"backend": str(self.backend.value).lower(), "fullgraph": bool(self.fullgraph)}

@@ -58,6 +58,33 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The ``estimate-memory`` parser (the documented name): on ``subparsers`` when given, else standalone."""
+    if subparsers is not None:
+        return add_parser(subparsers)
+    return _configure(argparse.ArgumentParser("accel estimate-memory"))
+
+
+def estimate_command(args: argparse.Namespace) -> int:
+    """Run ``estimate-memory`` for parsed arguments (the documented name of :func:`run`)."""
+    return run(args)
+
+
+def gather_data(args: argparse.Namespace) -> list[Any]:
+    """Rows ``[dtype, largest_layer, total_size, training]`` (bytes) for parsed arguments."""
+    from accel_bigmodel.estimate import gather_data as gather
+
+    return gather(args)
+
+
+def verify_on_hub(repo: str, token: str | None = None) -> Any:
+    """The Hub's model information for ``repo``, ``"gated"`` or ``"repo"`` (see
+    :func:`accel_bigmodel.estimate.verify_on_hub`)."""
+    from accel_bigmodel.estimate import verify_on_hub as verify
+
+    return verify(repo, token)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _configure(argparse.ArgumentParser("accel estimate-memory"))
     return run(parser.parse_args(argv))

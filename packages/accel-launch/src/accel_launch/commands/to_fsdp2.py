@@ -66,6 +66,25 @@ def convert_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return out, notes
 
 
+def convert_config_to_fsdp2(config: dict[str, Any]) -> dict[str, Any]:
+    """The FSDP2 version of ``config`` (the documented name of :func:`convert_config`, without the notes)."""
+    return convert_config(config)[0]
+
+
+def load_config(config_file: str) -> dict[str, Any]:
+    """The mapping held by a YAML or JSON config file (the documented name).
+
+    Raises:
+        ValueError: the file is empty, not valid YAML/JSON, or does not hold a mapping.
+    """
+    from accel_launch.commands.config.config_args import read_config_file
+
+    config = read_config_file(config_file)
+    if not config:
+        raise ValueError(f"the config file {config_file} is empty")
+    return config
+
+
 def _fill(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config_file", "--config-file", required=True, help="The FSDP1 config file to convert.")
     parser.add_argument(
@@ -89,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
     import yaml
 
-    from accel_launch.commands.config.config_args import config_from_dict, read_config_file
+    from accel_launch.commands.config.config_args import config_from_dict
 
     source = Path(args.config_file)
     target = Path(args.output_file) if args.output_file else source
@@ -98,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"the config file {source} does not exist")
         if target.exists() and not args.overwrite:
             raise FileExistsError(f"{target} exists; pass --overwrite to replace it (or choose --output_file)")
-        converted, notes = convert_config(read_config_file(source))
+        converted, notes = convert_config(load_config(str(source)))
         config_from_dict(converted, source=str(target))  # the result must be a valid config
     except (ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"accel to-fsdp2: error: {error}", file=sys.stderr)
@@ -117,10 +136,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def to_fsdp2_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The ``to-fsdp2`` parser (the documented name): on ``subparsers`` when given, else standalone."""
+    if subparsers is not None:
+        return add_parser(subparsers)
     parser = argparse.ArgumentParser("accel to-fsdp2", description=DESCRIPTION)
     _fill(parser)
-    return run(parser.parse_args(argv))
+    return parser
+
+
+def to_fsdp2_command(args: argparse.Namespace) -> int:
+    """Run ``to-fsdp2`` for parsed arguments (the documented name of :func:`run`)."""
+    return run(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(to_fsdp2_command_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,12 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Write pytorch_model.bin with torch.save instead of safetensors.",
     )
     parser.add_argument(
+        "--max_shard_size",
+        "--max-shard-size",
+        default=None,
+        help="Split the merged weights into files of at most this size (e.g. 5GB) with an index file.",
+    )
+    parser.add_argument(
         "--remove_checkpoint_dir",
         "--remove-checkpoint-dir",
         action="store_true",
@@ -44,12 +50,19 @@ def run(args: argparse.Namespace) -> int:
             args.output_path,
             safe_serialization=not args.unsafe_serialization,
             remove_checkpoint_dir=args.remove_checkpoint_dir,
+            max_shard_size=_size(args.max_shard_size),
         )
     except (FileNotFoundError, ValueError) as error:
         print(f"accel merge-weights: {error}", file=sys.stderr)
         return 2
     print(f"Merged weights written to {target}")
     return 0
+
+
+def _size(value: str | None) -> int | str | None:
+    if value is None:
+        return None
+    return int(value) if value.isdigit() else value
 
 
 def main(argv: list[str] | None = None) -> int:

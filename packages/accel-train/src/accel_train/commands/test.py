@@ -67,10 +67,26 @@ def run(args: argparse.Namespace) -> int:
     return result.returncode
 
 
-def main(argv: list[str] | None = None) -> int:
+def test_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The ``test`` parser (the documented name): on ``subparsers`` when given, else standalone."""
+    if subparsers is not None:
+        return add_parser(subparsers)
     parser = argparse.ArgumentParser("accel test")
     _add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return parser
+
+
+def test_command(args: argparse.Namespace) -> int:
+    """Run the self-test for parsed arguments (the documented name of :func:`run`)."""
+    return run(args)
+
+
+test_command_parser.__test__ = False  # type: ignore[attr-defined]  # not a pytest test, despite the name
+test_command.__test__ = False  # type: ignore[attr-defined]
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(test_command_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ here and a line in the table (or :func:`register_precision` from outside).
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from accel_train.registry import Registry
 
 if TYPE_CHECKING:
     from accel_train.precisions.base import Precision
@@ -29,33 +30,21 @@ _MISSING: dict[str, str] = {
     ),
 }
 
-_LOADED: dict[str, type] = {}
+
+def _missing(mode: str) -> Exception:
+    if mode in _MISSING:
+        return NotImplementedError(_MISSING[mode])
+    return ValueError(f"no precision for mixed_precision={mode!r}; choose one of {sorted(PRECISIONS)}")
+
+
+_REGISTRY = Registry("precision", PRECISIONS, _missing)
 
 
 def register_precision(mode: str, target: str | type[Precision], replace: bool = False) -> None:
     """Register the precision class (or ``"module:Class"``) that serves ``mixed_precision=mode``."""
-    if mode in PRECISIONS and not replace:
-        raise ValueError(f"a precision for {mode!r} is already registered ({PRECISIONS[mode]}); pass replace=True")
-    if isinstance(target, type):
-        _LOADED[mode] = target
-        PRECISIONS[mode] = f"{target.__module__}:{target.__qualname__}"
-    else:
-        if ":" not in target:
-            raise ValueError(f"precision target must be 'module:Class', got {target!r}")
-        _LOADED.pop(mode, None)
-        PRECISIONS[mode] = target
+    _REGISTRY.register(mode, target, replace)
 
 
 def precision_class(mode: str) -> type[Precision]:
     """The class registered for ``mode``; a clear error for a documented mode not available."""
-    if mode in _LOADED:
-        return _LOADED[mode]
-    target = PRECISIONS.get(mode)
-    if target is None:
-        if mode in _MISSING:
-            raise NotImplementedError(_MISSING[mode])
-        raise ValueError(f"no precision for mixed_precision={mode!r}; choose one of {sorted(PRECISIONS)}")
-    module_name, _, class_name = target.partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    _LOADED[mode] = cls
-    return cls
+    return _REGISTRY.get(mode)  # type: ignore[no-any-return]

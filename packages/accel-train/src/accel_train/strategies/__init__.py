@@ -9,10 +9,10 @@ configuration with :func:`strategy_name`.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from accel_state.enums import DistributedType
+from accel_train.registry import Registry
 
 if TYPE_CHECKING:
     from accel_train.strategies.base import Strategy
@@ -23,15 +23,15 @@ __all__ = ["STRATEGIES", "DDP_TYPES", "register_strategy", "strategy_class", "st
 STRATEGIES: dict[str, str] = {
     "single_device": "accel_train.strategies.single_device:SingleDeviceStrategy",
     "ddp": "accel_train.strategies.ddp:DDPStrategy",
+    "fsdp": "accel_train.strategies.fsdp:FSDPStrategy",
+    "nd_parallel": "accel_train.strategies.nd_parallel:NDParallelStrategy",
 }
 
 #: Documented backends whose strategy is not registered: what to tell the user.
 _NOT_YET: dict[str, str] = {
-    "fsdp": "FSDP (fsdp_plugin)",
     "deepspeed": "DeepSpeed (deepspeed_plugin)",
     "megatron_lm": "Megatron-LM (megatron_lm_plugin)",
     "xla": "XLA / TPU training",
-    "nd_parallel": "Tensor / context / sharded data parallelism (parallelism_config)",
 }
 
 #: Distributed types run by replicating the model on every process (DistributedDataParallel).
@@ -70,35 +70,22 @@ def strategy_name(distributed_type: DistributedType, parallelism_config: Any = N
     return _BY_TYPE.get(distributed_type, str(distributed_type).lower())
 
 
+def _missing(name: str) -> Exception:
+    if name in _NOT_YET:
+        from accel_train.parallel_plugins import not_available
+
+        return not_available(_NOT_YET[name])
+    return KeyError(f"no strategy named {name!r}; registered: {sorted(STRATEGIES)}")
+
+
+_REGISTRY = Registry("strategy", STRATEGIES, _missing)
+
+
 def register_strategy(name: str, target: str | type[Strategy], replace: bool = False) -> None:
     """Register a strategy class (or its ``"module:Class"`` path) under ``name``."""
-    if name in STRATEGIES and not replace:
-        raise ValueError(f"a strategy named {name!r} is already registered ({STRATEGIES[name]}); pass replace=True")
-    if isinstance(target, type):
-        _LOADED[name] = target
-        STRATEGIES[name] = f"{target.__module__}:{target.__qualname__}"
-    else:
-        if ":" not in target:
-            raise ValueError(f"strategy target must be 'module:Class', got {target!r}")
-        _LOADED.pop(name, None)
-        STRATEGIES[name] = target
-
-
-_LOADED: dict[str, type] = {}
+    _REGISTRY.register(name, target, replace)
 
 
 def strategy_class(name: str) -> type[Strategy]:
     """The class registered under ``name``; a clear error for a documented backend not built yet."""
-    if name in _LOADED:
-        return _LOADED[name]
-    target = STRATEGIES.get(name)
-    if target is None:
-        from accel_train.parallel_plugins import not_available
-
-        if name in _NOT_YET:
-            raise not_available(_NOT_YET[name])
-        raise KeyError(f"no strategy named {name!r}; registered: {sorted(STRATEGIES)}")
-    module_name, _, class_name = target.partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    _LOADED[name] = cls
-    return cls
+    return _REGISTRY.get(name)  # type: ignore[no-any-return]

@@ -22,6 +22,7 @@ _OPS = [
     "copy_tensor_to_devices",
     "verify_operation",
     "chained_operation",
+    "CannotPadNestedTensorWarning",
 ]
 _NESTED = [
     "DistributedOperationException",
@@ -52,6 +53,7 @@ _ENV = [
     "clear_environment",
     "are_libraries_initialized",
     "get_cpu_distributed_information",
+    "check_os_kernel",
 ]
 _ENUMS = [
     "DistributedType",

@@ -1,0 +1,563 @@
+"""Fully Sharded Data Parallel, version 1 (``FullyShardedDataParallel``) and 2 (``fully_shard``).
+
+The settings come from :class:`~accel_train.fsdp_plugin.FullyShardedDataParallelPlugin`. Preparing
+a model shards it (its units from :mod:`accel_train.fsdp_wrap`); an optimizer built before, over the
+model's original parameters, is rebound to the sharded ones (built after, it already holds them).
+State dicts go through :mod:`accel_train.fsdp_state`: full ones gathered on every rank, sharded ones
+as ``torch.distributed.checkpoint`` folders (``pytorch_model_fsdp_{i}/``, ``optimizer_{i}/``).
+
+Runs on CPU with gloo as on GPUs. torch's CPU limits are handled here: FSDP1 gets
+``device_id=torch.device("cpu")``; full state dicts are gathered without ``offload_to_cpu`` (FSDP1
+crashes with it on CPU) and moved to the CPU afterwards; CPU offload (``cpu_offload`` /
+``offload_params``) has nothing to do when the parameters already live on the CPU, so it is skipped
+there with a warning. With one process and no process group the model is left whole (there is
+nothing to shard across) and checkpoints keep the FSDP layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from accel_train import fsdp_state
+from accel_train.fsdp_wrap import (
+    canonical_name,
+    fsdp1_auto_wrap_policy,
+    fsdp1_mixed_precision,
+    fsdp2_mixed_precision_policy,
+    ignored_modules_of,
+    resolve_wrap_classes,
+    wrap_units,
+)
+from accel_train.precisions.base import Precision
+from accel_train.strategies.base import CheckpointEntry, ParallelDims, Strategy
+from accel_train.wrappers import is_compiled
+
+__all__ = ["FSDPStrategy", "fsdp_grad_scaler"]
+
+logger = logging.getLogger(__name__)
+
+_SHARDED_MODEL = "pytorch_model_fsdp"
+
+
+def fsdp_grad_scaler(device_type: str, **kwargs: Any) -> Any:
+    """The fp16 gradient scaler of an FSDP run: torch's ``ShardedGradScaler`` (overflow checks over
+    every rank's shards, so that all ranks skip the same steps)."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    return ShardedGradScaler(device_type, **kwargs)
+
+
+def _is_fsdp1(model: Any) -> bool:
+    return type(model).__name__ == "FullyShardedDataParallel"
+
+
+def _is_fsdp2(model: Any) -> bool:
+    return hasattr(model, "set_requires_gradient_sync") and hasattr(model, "reshard")
+
+
+def _inner(model: Any) -> Any:
+    return model._orig_mod if is_compiled(model) else model
+
+
+def _inner_optimizer(optimizer: Any) -> Any:
+    from accel_train.optimizer import AcceleratedOptimizer
+
+    while isinstance(optimizer, AcceleratedOptimizer):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+def _has_meta(model: torch.nn.Module) -> bool:
+    return any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers()))
+
+
+class FSDPStrategy(Strategy):
+    """Shards parameters, gradients and optimizer state over the processes (FSDP 1 or 2)."""
+
+    name = "fsdp"
+    is_sharded = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._models: list[torch.nn.Module] = []
+        # id(original parameter) -> (weak reference to it, the sharded parameter that replaces it)
+        self._rebound: dict[int, tuple[Any, torch.nn.Parameter]] = {}
+        # id(original parameter) -> FSDP1 model whose flat parameters replace it (use_orig_params=False)
+        self._flattened: dict[int, tuple[Any, torch.nn.Module]] = {}
+        self._mesh: Any = None
+
+    # -- connector hooks --------------------------------------------------------------------------
+
+    @classmethod
+    def grad_scaler_factory(cls) -> Any:
+        return fsdp_grad_scaler
+
+    @classmethod
+    def validate(cls, state: Any, precision_cls: type[Precision], mode: str) -> None:
+        plugin = getattr(state, "fsdp_plugin", None)
+        if plugin is None:
+            raise ValueError("the FSDP strategy needs a FullyShardedDataParallelPlugin (fsdp_plugin)")
+        if mode == "fp8":
+            raise ValueError("mixed_precision='fp8' is not available with FSDP in accel; use 'bf16' or 'fp16'")
+
+    # -- facts ------------------------------------------------------------------------------------
+
+    @property
+    def plugin(self) -> Any:
+        return self.state.fsdp_plugin
+
+    @property
+    def fsdp_version(self) -> int:
+        return int(self.plugin.fsdp_version)
+
+    def _sharding(self) -> str:
+        strategy = self.plugin.sharding_strategy
+        if self.fsdp_version == 2 or strategy is None:
+            return "FULL_SHARD" if self.fsdp_version == 1 or self.plugin.reshard_after_forward else "SHARD_GRAD_OP"
+        return strategy if isinstance(strategy, str) else strategy.name.lstrip("_")
+
+    @property
+    def parallel_dims(self) -> ParallelDims:
+        world, rank = self.state.num_processes, self.state.process_index
+        sharding = self._sharding()
+        if sharding == "NO_SHARD":
+            return ParallelDims(dp_replicate_size=world, dp_replicate_rank=rank)
+        if sharding.startswith("HYBRID"):
+            local = int(getattr(self.state, "local_num_processes", world) or world)
+            return ParallelDims(
+                dp_replicate_size=world // local,
+                dp_shard_size=local,
+                dp_replicate_rank=rank // local,
+                dp_shard_rank=rank % local,
+            )
+        return ParallelDims(dp_shard_size=world, dp_shard_rank=rank)
+
+    @property
+    def device_mesh(self) -> Any:
+        return self._mesh
+
+    def _distributed(self) -> bool:
+        import torch.distributed as dist
+
+        return self.state.num_processes > 1 and dist.is_available() and dist.is_initialized()
+
+    # -- set-up -----------------------------------------------------------------------------------
+
+    def setup_model(
+        self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
+        if evaluation_mode or not self._distributed():
+            prepared = super().setup_model(model, device_placement, evaluation_mode)
+            if not evaluation_mode:
+                self._models.append(_inner(prepared))
+            return prepared
+        before = {id(p): (weakref.ref(p), name) for name, p in model.named_parameters(remove_duplicate=True)}
+        model = self.precision.convert_module(model)
+        wrapped = self._shard_v1(model) if self.fsdp_version == 1 else self._shard_v2(model, device_placement)
+        self._remember_parameters(before, wrapped)
+        self._models.append(wrapped)
+        return self.compile(wrapped)
+
+    def _remember_parameters(self, before: dict[int, tuple[Any, str]], wrapped: torch.nn.Module) -> None:
+        if _is_fsdp1(wrapped) and not self.plugin.use_orig_params:
+            for key, (ref, _) in before.items():
+                self._flattened[key] = (ref, wrapped)
+            return
+        after = {canonical_name(name): p for name, p in wrapped.named_parameters()}
+        for key, (ref, name) in before.items():
+            new = after.get(name)
+            if new is not None:
+                self._rebound[key] = (ref, new)
+
+    def _offload(self) -> bool:
+        offload = self.plugin.cpu_offload
+        wanted = bool(getattr(offload, "offload_params", offload))
+        if wanted and self.device.type == "cpu":
+            logger.warning(
+                "FSDP cpu_offload / offload_params has no effect here: the parameters already live on the CPU "
+                "(no accelerator); training runs without offloading"
+            )
+            return False
+        return wanted
+
+    def _ac_classes(self, model: torch.nn.Module) -> tuple[type, ...]:
+        return tuple(resolve_wrap_classes(model, self.plugin.transformer_cls_names_to_wrap))
+
+    def _apply_ac(self, model: torch.nn.Module, classes: tuple[type, ...]) -> None:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            CheckpointImpl,
+            apply_activation_checkpointing,
+            checkpoint_wrapper,
+        )
+
+        wrapper = (
+            (lambda m: checkpoint_wrapper(m, offload_to_cpu=True))
+            if self.plugin.activation_checkpointing_offload
+            else (lambda m: checkpoint_wrapper(m, checkpoint_impl=CheckpointImpl.NO_REENTRANT))
+        )
+        apply_activation_checkpointing(model, checkpoint_wrapper_fn=wrapper, check_fn=lambda m: isinstance(m, classes))
+
+    def _hybrid_mesh(self) -> Any:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        dims = self.parallel_dims
+        return init_device_mesh(
+            self.device.type,
+            (dims.dp_replicate_size, dims.dp_shard_size),
+            mesh_dim_names=("dp_replicate", "dp_shard"),
+        )
+
+    def _shard_v1(self, model: torch.nn.Module) -> torch.nn.Module:
+        from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, ShardingStrategy
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        plugin = self.plugin
+        device = self.device
+        ac_classes = self._ac_classes(model) if plugin.activation_checkpointing else ()
+        strategy = plugin.sharding_strategy
+        if isinstance(strategy, str):
+            # torch names HYBRID_SHARD_ZERO2 with a leading underscore.
+            strategy = ShardingStrategy[strategy if strategy in ShardingStrategy.__members__ else f"_{strategy}"]
+        prefetch = plugin.backward_prefetch
+        if isinstance(prefetch, str):
+            prefetch = None if prefetch == "NO_PREFETCH" else BackwardPrefetch[prefetch]
+        offload = plugin.cpu_offload
+        offload = offload if isinstance(offload, CPUOffload) else CPUOffload(offload_params=self._offload())
+        if offload.offload_params and device.type == "cpu":
+            offload = CPUOffload(offload_params=self._offload())
+        sync = bool(plugin.sync_module_states)
+        if sync and device.type == "cpu":
+            # FSDP1 refuses sync_module_states for CPU tensors: rank 0's weights are broadcast here instead.
+            _broadcast_from_rank0(model, device)
+            sync = False
+        param_init_fn = plugin.param_init_fn
+        if param_init_fn is None and _has_meta(model):
+
+            def param_init_fn(module: torch.nn.Module) -> None:
+                module.to_empty(device=device, recurse=False)
+
+        kwargs: dict[str, Any] = {
+            "sharding_strategy": strategy,
+            "cpu_offload": offload,
+            "auto_wrap_policy": fsdp1_auto_wrap_policy(model, plugin),
+            "backward_prefetch": prefetch,
+            "mixed_precision": fsdp1_mixed_precision(
+                plugin.mixed_precision_policy, self.precision.mixed_precision_dtypes()
+            ),
+            "ignored_modules": ignored_modules_of(model, plugin.ignored_modules) or None,
+            "param_init_fn": param_init_fn,
+            "device_id": device if device.type == "cpu" else (device.index if device.index is not None else device),
+            "sync_module_states": sync,
+            "forward_prefetch": bool(plugin.forward_prefetch),
+            "limit_all_gathers": bool(plugin.limit_all_gathers),
+            "use_orig_params": bool(plugin.use_orig_params),
+        }
+        if strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
+            self._mesh = self._hybrid_mesh()
+            kwargs["device_mesh"] = self._mesh
+        wrapped = FSDP(model, **kwargs)
+        if self._mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self._mesh = init_device_mesh(device.type, (self.state.num_processes,), mesh_dim_names=("dp_shard",))
+        if ac_classes:
+            self._apply_ac(wrapped, ac_classes)
+        return wrapped
+
+    def _shard_v2(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+        plugin = self.plugin
+        device = self.device
+        if self._mesh is None:
+            self._mesh = init_device_mesh(device.type, (self.state.num_processes,), mesh_dim_names=("dp_shard",))
+        if plugin.activation_checkpointing:
+            self._apply_ac(model, self._ac_classes(model))
+        units = [_checkpoint_parent(model, unit) for unit in wrap_units(model, plugin)]
+        ignored = {p for m in ignored_modules_of(model, plugin.ignored_modules) for p in m.parameters()}
+        ram_efficient = bool(plugin.cpu_ram_efficient_loading)
+        rank0 = dist.get_rank() == 0
+        full_state: dict[str, torch.Tensor] = {}
+        kept_buffers: dict[str, torch.Tensor] = {}
+        if ram_efficient:
+            if rank0:
+                full_state = {k: v.to(device) for k, v in model.state_dict().items()}
+                kept_buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+            model.to("meta")
+        elif plugin.sync_module_states:
+            _broadcast_from_rank0(model, device)
+        elif device_placement and not _has_meta(model):
+            model.to(device)
+        offload = plugin.cpu_offload
+        if not isinstance(offload, OffloadPolicy):
+            offload = CPUOffloadPolicy() if self._offload() else OffloadPolicy()
+        elif isinstance(offload, CPUOffloadPolicy) and not self._offload():
+            offload = OffloadPolicy()
+        kwargs: dict[str, Any] = {
+            "mesh": self._mesh,
+            "reshard_after_forward": plugin.reshard_after_forward,
+            "mp_policy": fsdp2_mixed_precision_policy(
+                plugin.mixed_precision_policy, self.precision.mixed_precision_dtypes()
+            ),
+            "offload_policy": offload,
+        }
+        if ignored:
+            kwargs["ignored_params"] = ignored
+        for unit in units:
+            fully_shard(unit, **kwargs)
+        fully_shard(model, **kwargs)
+        if plugin.forward_prefetch and len(units) > 1:
+            for current, following in itertools.pairwise(units):
+                current.set_modules_to_forward_prefetch([following])  # type: ignore[operator]
+        if ram_efficient:
+            model.to_empty(device=device)
+            fsdp_state.load_full_model_state_dict(model, full_state, strict=False, broadcast_from_rank0=True)
+            for name, buffer in model.named_buffers():
+                if rank0 and name in kept_buffers:
+                    buffer.data.copy_(kept_buffers[name])
+                dist.broadcast(buffer.data, src=0)
+        return model
+
+    def setup_optimizer(
+        self, optimizer: torch.optim.Optimizer, models: Sequence[torch.nn.Module]
+    ) -> torch.optim.Optimizer:
+        """Replace the original parameters in the optimizer's groups by the sharded ones."""
+        flat_owner = None
+        for group in optimizer.param_groups:
+            params = []
+            for param in group["params"]:
+                entry = self._rebound.get(id(param))
+                if entry is not None and entry[0]() is param:
+                    params.append(entry[1])
+                    continue
+                flat = self._flattened.get(id(param))
+                if flat is not None and flat[0]() is param:
+                    flat_owner = flat[1]
+                params.append(param)
+            group["params"] = params
+        if flat_owner is not None:
+            if len(optimizer.param_groups) > 1:
+                raise ValueError(
+                    "an optimizer with several parameter groups built before prepare needs use_orig_params=True "
+                    "under FSDP1 (with use_orig_params=False each unit's parameters are one flat tensor); set "
+                    "fsdp_use_orig_params: true or build the optimizer after prepare"
+                )
+            optimizer.param_groups[0]["params"] = list(flat_owner.parameters())
+        stale = [p for p in optimizer.state if not any(p is q for g in optimizer.param_groups for q in g["params"])]
+        if stale:
+            raise ValueError(
+                "the optimizer already holds state for parameters that FSDP replaced by shards; build the "
+                "optimizer (or load its state) after prepare"
+            )
+        return optimizer
+
+    # -- training step ----------------------------------------------------------------------------
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
+        inner = _inner(model)
+        if _is_fsdp1(inner):
+            return inner.no_sync()  # type: ignore[no-any-return]
+        if _is_fsdp2(inner):
+            return _gradient_sync(inner, False)
+        return contextlib.nullcontext()
+
+    def force_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
+        inner = _inner(model)
+        if _is_fsdp1(inner):
+            return _fsdp1_sync(inner)
+        if _is_fsdp2(inner):
+            return _gradient_sync(inner, True)
+        return contextlib.nullcontext()
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float, optimizers: Iterable[Any]
+    ) -> torch.Tensor:
+        """Clip by the norm over every rank's shards; returns that norm (a plain tensor on every rank)."""
+        parameters = list(parameters)
+        self.unscale_gradients(optimizers)
+        ids = {id(p) for p in parameters}
+        for model in self._models:
+            if _is_fsdp1(model) and ids & {id(p) for p in model.parameters()}:
+                return model.clip_grad_norm_(max_norm, norm_type)  # type: ignore[no-any-return, operator]
+        return _clip_mixed(parameters, max_norm, norm_type)
+
+    # -- state ------------------------------------------------------------------------------------
+
+    def model_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """The full state dict, gathered on every rank (call it on every rank)."""
+        return fsdp_state.full_model_state_dict(_inner(model))
+
+    def _model_of(self, optimizer: Any) -> torch.nn.Module:
+        inner = _inner_optimizer(optimizer)
+        ids = {id(p) for group in inner.param_groups for p in group["params"]}
+        owners = [m for m in self._models if ids & {id(p) for p in m.parameters()}]
+        if not owners:
+            raise ValueError("this optimizer's parameters belong to no model prepared with FSDP; prepare the model")
+        return owners[0] if len(owners) == 1 else torch.nn.ModuleList(owners)
+
+    def optimizer_state_dict(self, optimizer: Any) -> dict[str, Any]:
+        return fsdp_state.full_optimizer_state_dict(self._model_of(optimizer), _inner_optimizer(optimizer))
+
+    def load_optimizer_state_dict(self, optimizer: Any, state_dict: dict[str, Any]) -> None:
+        fsdp_state.load_full_optimizer_state_dict(self._model_of(optimizer), _inner_optimizer(optimizer), state_dict)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+
+    @property
+    def _sharded_checkpoints(self) -> bool:
+        return str(self.plugin.state_dict_type) != "FULL_STATE_DICT"
+
+    def checkpoint_entries(self) -> dict[str, CheckpointEntry]:
+        from accel_train import checkpointing as ckpt
+
+        sharded = self._sharded_checkpoints
+        return {
+            "model": CheckpointEntry(
+                rf"^(?:{_SHARDED_MODEL}_(\d+)|model(?:_(\d+))?\.safetensors|pytorch_model(?:_(\d+))?\.bin)$",
+                (lambda i: f"{_SHARDED_MODEL}_{i}") if sharded else (lambda i: ckpt.model_file(i, True)),
+            ),
+            "optimizer": CheckpointEntry(
+                r"^optimizer_(\d+)$|^optimizer(?:_(\d+))?\.bin$",
+                (lambda i: f"optimizer_{i}") if sharded else ckpt.optimizer_file,
+            ),
+        }
+
+    def checkpoint_weights(self, model: torch.nn.Module) -> dict[str, Any] | None:
+        from accel_state.state import GradientState
+
+        if self._distributed() and not GradientState().sync_gradients:
+            # FSDP keeps the gradients of skipped syncs unsharded inside its own buffers: they cannot be
+            # written and put back per parameter, so a resume from here would not be exact.
+            raise ValueError(
+                "save_state between two optimizer steps of gradient accumulation is not supported with FSDP "
+                "(the gradients gathered so far live in FSDP's unsharded buffers); call it after the "
+                "optimizer step of a sync step (when accelerator.sync_gradients is True)"
+            )
+        return None if self._sharded_checkpoints else self.model_state_dict(model)
+
+    def save_model_checkpoint(
+        self,
+        model: torch.nn.Module,
+        weights: dict[str, Any] | None,
+        folder: str,
+        index: int,
+        safe_serialization: bool,
+        is_writer: bool,
+    ) -> str | None:
+        import os
+
+        if not self._sharded_checkpoints:
+            return super().save_model_checkpoint(model, weights, folder, index, safe_serialization, is_writer)
+        name = f"{_SHARDED_MODEL}_{index}"
+        local = str(self.plugin.state_dict_type) == "LOCAL_STATE_DICT"
+        fsdp_state.save_sharded_model(_inner(model), os.path.join(folder, name), local=local)
+        return name
+
+    def load_model_checkpoint(
+        self, model: torch.nn.Module, folder: str, entry: str, device: Any, strict: bool = True
+    ) -> None:
+        import os
+
+        path = os.path.join(folder, entry)
+        if os.path.isdir(path):
+            local = str(self.plugin.state_dict_type) == "LOCAL_STATE_DICT"
+            fsdp_state.load_sharded_model(_inner(model), path, strict=strict, local=local)
+            return
+        weights = self.checkpoint_io.load_weights(path, "cpu")
+        fsdp_state.load_full_model_state_dict(_inner(model), weights, strict=strict, source=path)
+
+    def save_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, is_writer: bool) -> str | None:
+        import os
+
+        if not self._sharded_checkpoints:
+            return super().save_optimizer_checkpoint(optimizer, folder, index, is_writer)
+        name = f"optimizer_{index}"
+        fsdp_state.save_sharded_optimizer(
+            self._model_of(optimizer), _inner_optimizer(optimizer), os.path.join(folder, name)
+        )
+        return name
+
+    def load_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, map_location: Any) -> None:
+        import os
+
+        path = os.path.join(folder, f"optimizer_{index}")
+        if os.path.isdir(path):
+            fsdp_state.load_sharded_optimizer(self._model_of(optimizer), _inner_optimizer(optimizer), path)
+            return
+        super().load_optimizer_checkpoint(optimizer, folder, index, "cpu")
+
+
+def _broadcast_from_rank0(model: torch.nn.Module, device: torch.device) -> None:
+    """Give every rank rank 0's parameters and buffers (ranks holding meta tensors get storage first)."""
+    import torch.distributed as dist
+
+    if _has_meta(model):
+        model.to_empty(device=device)
+    else:
+        model.to(device)
+    with torch.no_grad():
+        for tensor in (*model.parameters(), *model.buffers()):
+            dist.broadcast(tensor.data, src=0)
+
+
+def _clip_mixed(parameters: list[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor:
+    """Clip FSDP2 shards (DTensors) and parameters FSDP leaves alone (ignored modules) by one norm."""
+    sharded = [p for p in parameters if p.grad is not None and hasattr(p.grad, "full_tensor")]
+    plain = [p for p in parameters if p.grad is not None and not hasattr(p.grad, "full_tensor")]
+    if not sharded:
+        return torch.nn.utils.clip_grad_norm_(plain, max_norm, norm_type=norm_type)
+    sharded_grads: list[Any] = [p.grad for p in sharded]
+    plain_grads: list[Any] = [p.grad for p in plain]
+    norms = [torch.nn.utils.get_total_norm(sharded_grads, norm_type).full_tensor()]  # type: ignore[attr-defined]
+    if plain:
+        norms.append(torch.nn.utils.get_total_norm(plain_grads, norm_type).to(norms[0].device))
+    stacked = torch.stack([n.float() for n in norms])
+    total = stacked.max() if norm_type == float("inf") else stacked.pow(norm_type).sum().pow(1.0 / norm_type)
+    for group in (sharded, plain):
+        if group:
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+    return total
+
+
+def _checkpoint_parent(root: torch.nn.Module, unit: torch.nn.Module) -> torch.nn.Module:
+    """The activation-checkpoint wrapper around ``unit`` when there is one (sharded in its place)."""
+    for module in root.modules():
+        if type(module).__name__ == "CheckpointWrapper" and getattr(module, "_checkpoint_wrapped_module", None) is unit:
+            return module
+    return unit
+
+
+@contextlib.contextmanager
+def _gradient_sync(model: Any, enabled: bool) -> Iterator[None]:
+    previous = getattr(model, "_accel_gradient_sync", True)
+    model.set_requires_gradient_sync(enabled)
+    model._accel_gradient_sync = enabled
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(previous)
+        model._accel_gradient_sync = previous
+
+
+@contextlib.contextmanager
+def _fsdp1_sync(model: Any) -> Iterator[None]:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    modules = FSDP.fsdp_modules(model)
+    previous = [m._sync_gradients for m in modules]
+    for m in modules:
+        m._sync_gradients = True  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for m, value in zip(modules, previous):
+            m._sync_gradients = value

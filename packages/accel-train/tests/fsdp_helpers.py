@@ -1,0 +1,56 @@
+"""A small block model for the FSDP tests (importable by the rank functions of DistributedPool)."""
+
+from __future__ import annotations
+
+import torch
+
+
+class Block(torch.nn.Module):
+    """One residual MLP block: the unit TRANSFORMER_BASED_WRAP shards."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(width, 2 * width)
+        self.down = torch.nn.Linear(2 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class BlockNet(torch.nn.Module):
+    """Embedding layer, ``depth`` blocks, a head; ``_no_split_modules`` names the block like a HF model."""
+
+    _no_split_modules = ["Block"]
+
+    def __init__(self, width: int = 8, depth: int = 2) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(4, width)
+        self.blocks = torch.nn.ModuleList([Block(width) for _ in range(depth)])
+        self.head = torch.nn.Linear(width, 1)
+        self.register_buffer("scale", torch.ones(1), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x) * self.scale
+
+
+def regression_batches(steps: int, batch: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``steps`` global batches of a fixed regression problem."""
+    generator = torch.Generator().manual_seed(seed)
+    weights = torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+    out = []
+    for _ in range(steps):
+        x = torch.randn(batch, 4, generator=generator)
+        out.append((x, x @ weights + 0.3))
+    return out
+
+
+def num_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def local_numel(model: torch.nn.Module) -> int:
+    """Parameters this rank holds (the local shard of a DTensor; FSDP1's views are already local)."""
+    return sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters())
