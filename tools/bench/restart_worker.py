@@ -22,6 +22,9 @@ import torch  # noqa: E402
 
 
 def main() -> None:
+    if len(sys.argv) < 2:  # `nox -s bench` runs every script here: this one is started by restart.py
+        print("restart_worker.py is the job of tools/bench/restart.py; run that script instead")
+        return
     out, framework = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "accel")
     if framework == "reference":
         from accelerate import Accelerator
