@@ -77,3 +77,95 @@ def test_killed_save_keeps_previous_checkpoint(tmp_path: pathlib.Path) -> None:
     assert (
         "RESUMED OK ['checkpoint_1']" in text
     )  # total_limit=1 removed checkpoint_0 only after checkpoint_1 was complete
+
+
+BIG = textwrap.dedent(
+    """
+    import os, sys, time, torch
+    from accel_train import Accelerator, ProjectConfiguration
+
+    project, phase = sys.argv[1], sys.argv[2]
+    accelerator = Accelerator(project_config=ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True))
+    rank = accelerator.process_index
+    open(os.path.join(project, f"pid_{rank}"), "w").write(str(os.getpid()))
+
+    class Slow:  # written after the model: the launch is killed while this checkpoint is being saved
+        slow = False
+        def state_dict(self):
+            if self.slow:
+                open(os.path.join(project, "saving"), "w").write("1")
+                time.sleep(600)
+            return {}
+        def load_state_dict(self, state):
+            pass
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(7168, 7168)  # 205 MB of float32 parameters
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    slow = Slow()
+    accelerator.register_for_checkpointing(slow)
+
+    def step():
+        accelerator.backward(model(torch.ones(2, 7168)).mean())
+        optimizer.step()
+        optimizer.zero_grad()
+
+    def checksum():
+        return sum(p.double().sum().item() for p in accelerator.unwrap_model(model).parameters())
+
+    if phase == "first":
+        step()
+        accelerator.save_state()
+        open(os.path.join(project, f"expected_{rank}"), "w").write(repr(checksum()))
+        step()
+        slow.slow = True
+        accelerator.save_state()
+        print("NOT REACHED", flush=True)
+    else:
+        accelerator.load_state()
+        assert repr(checksum()) == open(os.path.join(project, f"expected_{rank}")).read(), "not checkpoint_0"
+        step()
+        accelerator.save_state()
+        accelerator.print("RESUMED OK", sorted(os.listdir(os.path.join(project, "checkpoints"))))
+    accelerator.end_training()
+    """
+)
+
+
+def test_sigkill_of_the_whole_launch_during_a_200mb_save(tmp_path: pathlib.Path) -> None:
+    import signal
+    import subprocess
+    import time
+
+    script = tmp_path / "big.py"
+    script.write_text(BIG)
+    project = tmp_path / "project"
+    project.mkdir()
+    launch = [*accel_command(), "launch", "--cpu", "--num_processes", "2", str(script), str(project)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    launcher = subprocess.Popen([*launch, "first"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 600
+        while not (project / "saving").exists() and time.monotonic() < deadline and launcher.poll() is None:
+            time.sleep(0.2)
+        assert (project / "saving").exists(), launcher.communicate(timeout=60)[0][-4000:]
+        partial = project / "checkpoints" / ".checkpoint_1.partial"
+        assert (partial / "model.safetensors").stat().st_size > 200_000_000  # the big file is in the partial folder
+        pids = [launcher.pid, *(int((project / f"pid_{rank}").read_text()) for rank in (0, 1))]
+        for pid in pids:  # the whole launch at once: agent and workers (they run in their own sessions)
+            os.kill(pid, signal.SIGKILL)
+        launcher.wait(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    for rank in (0, 1):
+        try:
+            os.kill(int((project / f"pid_{rank}").read_text()), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert sorted(os.listdir(project / "checkpoints")) == [".checkpoint_1.partial", "checkpoint_0"]
+    second = run_command([*launch, "second"], timeout=600)
+    text = second.stdout + second.stderr
+    assert second.returncode == 0, text[-4000:]
+    assert "RESUMED OK ['checkpoint_0', 'checkpoint_1']" in text

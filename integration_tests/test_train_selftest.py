@@ -29,7 +29,7 @@ def test_accel_test_two_processes(tmp_path: pathlib.Path) -> None:
     )
     text = result.stdout + result.stderr
     assert result.returncode == 0, text[-4000:]
-    assert "6/6 checks passed on 2 process(es), MULTI_CPU, mixed precision bf16" in text
+    assert "7/7 checks passed on 2 process(es), MULTI_CPU, mixed precision bf16" in text
     assert "Test is a success!" in text
 
 
@@ -39,4 +39,4 @@ def test_accel_test_single_process(tmp_path: pathlib.Path) -> None:
     )
     text = result.stdout + result.stderr
     assert result.returncode == 0, text[-4000:]
-    assert "6/6 checks passed on 1 process(es)" in text
+    assert "7/7 checks passed on 1 process(es)" in text

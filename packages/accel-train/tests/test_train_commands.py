@@ -57,7 +57,7 @@ def test_self_test_passes_on_two_processes(dist_pool) -> None:
 def test_self_test_passes_in_one_process(capsys: pytest.CaptureFixture[str]) -> None:
     assert _self_test() == 0
     out = capsys.readouterr().out
-    assert "6/6 checks passed on 1 process(es)" in out and "PASS  save_state / load_state round trip" in out
+    assert "7/7 checks passed on 1 process(es)" in out and "PASS  save_state / load_state round trip" in out
 
 
 def test_merge_weights_of_a_distributed_checkpoint(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:

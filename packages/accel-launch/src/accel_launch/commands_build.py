@@ -28,6 +28,33 @@ def rendezvous_address(plan: LaunchPlan, port: int) -> str:
     return f"{plan.main_process_ip or '127.0.0.1'}:{port}"
 
 
+def rendezvous_backend(plan: LaunchPlan) -> str:
+    """The rendezvous the workers meet through: the configured one, except that a run that may restart
+    (``--max_restarts`` above 0) uses ``c10d`` instead of ``static``.
+
+    Static rendezvous keeps one TCP store for every attempt, so a restarted group can read the
+    addresses its dead predecessors published and fail with "Connection refused" (or hang); and on
+    several machines a static group restarted on one machine is never joined by the others. c10d
+    rendezvous runs a new round on every restart, on every machine.
+    """
+    backend = str(plan.values.get("rdzv_backend") or "static")
+    if backend == "static" and int(plan.values.get("max_restarts") or 0) > 0:
+        return "c10d"
+    return backend
+
+
+def restart_environment(plan: LaunchPlan) -> dict[str, str]:
+    """Variables the elastic agent needs so that restarts work every time.
+
+    With c10d rendezvous and restarts, each round gets a fresh store for the workers (hosted by
+    worker rank 0 on a new port) instead of the agent's long-lived one, whose keys from the previous
+    attempt would otherwise be read by the new one. A value the user set is kept.
+    """
+    if rendezvous_backend(plan) == "static" or int(plan.values.get("max_restarts") or 0) == 0:
+        return {}
+    return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
 def torchrun_args(plan: LaunchPlan, port: int) -> list[str]:
     """Arguments of ``torch.distributed.run`` (everything after ``torchrun``) for ``plan``."""
     values = plan.values
@@ -43,7 +70,7 @@ def torchrun_args(plan: LaunchPlan, port: int) -> list[str]:
         "--role",
         str(values["role"]),
     ]
-    backend = values.get("rdzv_backend") or "static"
+    backend = rendezvous_backend(plan)
     if backend == "static":
         args += [
             "--node_rank",

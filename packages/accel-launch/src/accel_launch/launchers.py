@@ -97,6 +97,12 @@ def notebook_launcher(
         )
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    restart_env: dict[str, str] = {}
+    if max_restarts > 0:
+        # Static rendezvous keeps one store across attempts (restarted workers would read the dead
+        # ones' addresses): a restartable run meets through c10d, with a fresh worker store per round.
+        rdzv_backend = "c10d" if rdzv_backend == "static" else rdzv_backend
+        restart_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")}
     configs: dict[str, Any] = dict(rdzv_conf or {})
     if rdzv_backend == "static":
         configs["rank"] = node_rank
@@ -115,7 +121,11 @@ def notebook_launcher(
     )
     kind = "CPU processes" if use_cpu else f"{machine.device.upper()}s"
     print(f"Launching training on {num_processes} {kind}.")
-    env = {"ACCELERATE_MIXED_PRECISION": mixed_precision, "ACCELERATE_USE_CPU": "true" if use_cpu else "false"}
+    env = {
+        "ACCELERATE_MIXED_PRECISION": mixed_precision,
+        "ACCELERATE_USE_CPU": "true" if use_cpu else "false",
+        **restart_env,
+    }
     if use_cpu:
         env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
     with _patched(env):

@@ -9,21 +9,29 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from accel_launch.commands_build import (
     deepspeed_command,
     deepspeed_env_file_lines,
     mpirun_command,
+    restart_environment,
     script_command,
     torchrun_args,
 )
 from accel_launch.plan import LaunchPlan
 from accel_launch.values import ConfigError
+
+#: Exit status of a launch stopped by SIGTERM (128 + 15, as a shell reports it): what a scheduler's
+#: requeue rule matches (SLURM ``RequeueExit``, a Kubernetes ``podFailurePolicy``).
+TERMINATED_EXIT_CODE = 128 + int(signal.SIGTERM)
 
 
 class LaunchError(RuntimeError):
@@ -122,30 +130,72 @@ def run_simple(plan: LaunchPlan) -> int:
         process = subprocess.Popen(cmd, env=_child_env(plan))
     except FileNotFoundError as error:
         raise LaunchError(f"cannot start {cmd[0]!r}: {error}") from None
+    previous = _forward_signal(signal.SIGTERM, process)
     try:
         code = process.wait()
     except KeyboardInterrupt:
         process.terminate()
         code = process.wait()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    if code == -signal.SIGTERM:
+        code = TERMINATED_EXIT_CODE
     if code != 0 and not plan.values.get("quiet"):
         print(f"accel launch: {' '.join(cmd)} exited with code {code}", file=sys.stderr)
     return code
 
 
+def _forward_signal(sig: signal.Signals, process: subprocess.Popen) -> Any:
+    """Pass ``sig`` on to ``process`` (the launcher's child) instead of dying and leaving it behind;
+    the previous handler, or None outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def forward(signum: int, frame: Any) -> None:
+        if process.poll() is None:
+            process.send_signal(signum)
+
+    return signal.signal(sig, forward)
+
+
 def run_torchrun(plan: LaunchPlan, port: int) -> int:
-    """Several processes (or machines) through torch.distributed.run, in this process."""
+    """Several processes (or machines) through torch.distributed.run, in this process.
+
+    SIGTERM to the launcher (a scheduler preempting the job) is passed on to the workers by the
+    elastic agent, which gives them 30 s to finish (and save, with ``save_on_preemption``); the
+    launcher then exits with status 143. Workers that exit with 143 themselves give the same status.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     args = get_args_parser().parse_args(torchrun_args(plan, port))
     os.environ.update(launch_env(plan))
+    for key, value in restart_environment(plan).items():
+        os.environ.setdefault(key, value)
     try:
         run(args)
+    except SignalException as error:
+        if not plan.values.get("quiet"):
+            print(
+                f"accel launch: stopped by {signal.Signals(error.sigval).name}; the workers were asked to stop "
+                f"(exit status {TERMINATED_EXIT_CODE})",
+                file=sys.stderr,
+            )
+        return TERMINATED_EXIT_CODE
     except ChildFailedError as error:
         if plan.values.get("debug"):
             raise
+        failures = error.failures
+        if failures and all(failure.exitcode == TERMINATED_EXIT_CODE for failure in failures.values()):
+            if not plan.values.get("quiet"):
+                print(
+                    f"accel launch: the workers stopped on request (status {TERMINATED_EXIT_CODE}, preempted)",
+                    file=sys.stderr,
+                )
+            return TERMINATED_EXIT_CODE
         if not plan.values.get("quiet"):
-            failures = error.failures
             ranks = ", ".join(str(rank) for rank in sorted(failures))
             print(f"accel launch: process(es) of rank {ranks} failed (see their output above)", file=sys.stderr)
         return 1

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from accel_state import cluster
+from accel_state.hangs import watched_collective
 from accel_state.nested import (  # noqa: F401  (re-exported: the documented home of these names)
     ConvertOutputsToFp32,
     DistributedOperationException,
@@ -139,6 +140,7 @@ def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=0)
 
 
+@watched_collective()
 @verify_operation
 def gather(tensor: Any) -> Any:
     """Concatenate ``tensor`` (or each tensor in a nested structure) from every process along dim 0."""
@@ -147,6 +149,7 @@ def gather(tensor: Any) -> Any:
     return recursively_apply(_gather_one, tensor, error_on_other_type=True)
 
 
+@watched_collective()
 def gather_object(object: Any) -> list[Any]:
     """Gather picklable objects from every process; lists are concatenated, other objects listed."""
     if world_size("gather_object") == 1:
@@ -164,6 +167,7 @@ def _broadcast_one(tensor: torch.Tensor, src: int) -> torch.Tensor:
     return tensor
 
 
+@watched_collective()
 @verify_operation
 def broadcast(tensor: Any, from_process: int = 0) -> Any:
     """Send ``tensor`` (or a nested structure of tensors) from ``from_process`` to every process."""
@@ -172,6 +176,7 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
     return recursively_apply(_broadcast_one, tensor, error_on_other_type=True, src=from_process)
 
 
+@watched_collective()
 def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
     """Replace, in place, the items of ``object_list`` by those of process ``from_process``."""
     if world_size("broadcast_object_list") == 1:
@@ -183,6 +188,7 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
 _REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
 
 
+@watched_collective()
 @verify_operation
 def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     """Reduce tensors across processes, element-wise, then multiply by ``scale``.
@@ -204,6 +210,7 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     return recursively_apply(_reduce_one, tensor, error_on_other_type=True)
 
 
+@watched_collective()
 @chained_operation
 def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
     """Pad tensors along ``dim`` with ``pad_index`` to the largest size among processes, so they can be gathered."""

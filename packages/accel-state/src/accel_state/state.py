@@ -189,9 +189,7 @@ class PartialState:
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this point (no-op in a single process)."""
         if self.num_processes > 1:
-            import torch.distributed as dist
-
-            dist.barrier()
+            _barrier()
 
     @contextlib.contextmanager
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
@@ -567,3 +565,12 @@ class GradientState:
     @staticmethod
     def _reset_state() -> None:
         GradientState._shared_state.clear()
+
+
+def _barrier() -> None:
+    """``torch.distributed.barrier``, named in the error when a process never reaches it (accel_state.hangs)."""
+    import torch.distributed as dist
+
+    from accel_state.hangs import watched_collective
+
+    watched_collective("wait_for_everyone")(dist.barrier)()

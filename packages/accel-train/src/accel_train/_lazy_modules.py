@@ -24,3 +24,4 @@ class _LazyModule:
 
 checkpoint_io: Any = _LazyModule("accel_train.checkpoint_io")
 checkpointing: Any = _LazyModule("accel_train.checkpointing")
+preemption: Any = _LazyModule("accel_train.preemption")

@@ -11,6 +11,7 @@ import torch
 
 from accel_train._lazy_modules import checkpoint_io as io
 from accel_train._lazy_modules import checkpointing as ckpt
+from accel_train._lazy_modules import preemption
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class StateIOMixin:
     _strategy: Any
     precision: Any
     step: int
+    _rewind_active_loader: bool = False
 
     # -- who writes -------------------------------------------------------------------------------
 
@@ -187,10 +189,15 @@ class StateIOMixin:
             name = ckpt.scheduler_file(index)
             io_.save_object(scheduler.state_dict(), os.path.join(folder, name))
             written["schedulers"].append(name)
+        active = self.gradient_state.active_dataloader if self._rewind_active_loader else None  # type: ignore[attr-defined]
         for index, loader in enumerate(self._dataloaders):
             if hasattr(loader, "state_dict"):
                 name = ckpt.dataloader_file(index)
-                io_.save_object(loader.state_dict(), os.path.join(folder, name))
+                loader_state = loader.state_dict()
+                if active is not None and loader is active:
+                    # Saved when a step starts (preemption): that step's batch is read again on resume.
+                    loader_state = preemption.rewind_loader_state(loader_state)
+                io_.save_object(loader_state, os.path.join(folder, name))
                 written["dataloaders"].append(name)
         precision_state = self.precision.state_dict()
         if precision_state is not None:

@@ -184,6 +184,13 @@ class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin)
         self._load_model_state_pre_hook: dict[int, Any] = {}
         self.trackers: list[Any] = []
         self.log_with = self._filter_trackers(log_with)
+        self._preemption: Any = None
+        self._rewind_active_loader = False
+        if self.project_configuration.save_on_preemption:
+            from accel_train.preemption import PreemptionWatch
+
+            self._preemption = PreemptionWatch()
+            self._preemption.install()
 
     # -- prepare ----------------------------------------------------------------------------------
 
@@ -363,9 +370,42 @@ class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin)
             self.step += 1
             gradient_state.sync_gradients = (self.step % gradient_state.plugin_kwargs["num_steps"]) == 0
 
+    def check_preemption(self) -> None:
+        """With ``save_on_preemption``: if any process received SIGTERM, save a checkpoint on every
+        process and exit with status 143; otherwise return at once.
+
+        :meth:`accumulate` calls it when a step starts. A loop without ``accumulate`` calls it first
+        thing in the loop body (after the batch was read: the checkpoint resumes at that batch).
+        Every process must call it at the same step (it is a collective).
+        """
+        watch = self._preemption
+        if watch is None:
+            return
+        from accel_train.preemption import PREEMPTION_EXIT_CODE, agree
+
+        if not agree(watch.requested, self.state):
+            return
+        self._rewind_active_loader = True
+        try:
+            folder = self.save_state()
+        finally:
+            self._rewind_active_loader = False
+        self.print(
+            f"accel: preemption requested ({watch.signal_name or 'by another process'}): saved {folder}, "
+            f"exiting with status {PREEMPTION_EXIT_CODE}"
+        )
+        if self.trackers:
+            from accel_tracking import tracking
+
+            tracking.finish_all(self.trackers)  # flush what was logged; the process group ends at exit
+        watch.uninstall()
+        raise SystemExit(PREEMPTION_EXIT_CODE)
+
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
         """Accumulate gradients: no gradient sync except every ``num_steps`` batches and on the last batch."""
+        if self._preemption is not None:
+            self.check_preemption()
         self._do_sync()
         if self.gradient_state.sync_gradients or not self.state.use_distributed or self.gradient_state.sync_each_batch:
             yield

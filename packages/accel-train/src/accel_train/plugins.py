@@ -116,6 +116,10 @@ class ProjectConfiguration:
         total_limit: keep at most this many automatic checkpoints (oldest complete ones removed).
         iteration: number of the next automatic checkpoint.
         save_on_each_node: every machine writes its own copy (no shared filesystem).
+        save_on_preemption: when the job is asked to stop (SIGTERM, as SLURM and cloud schedulers
+            send before they preempt it), finish the current step on every process, save a checkpoint
+            with ``save_state()`` and exit with status 143 (the scheduler's "terminated, requeue");
+            the next run continues from it with ``load_state()``. Needs ``automatic_checkpoint_naming``.
     """
 
     project_dir: str | None = None
@@ -124,6 +128,7 @@ class ProjectConfiguration:
     total_limit: int | None = None
     iteration: int = 0
     save_on_each_node: bool = False
+    save_on_preemption: bool = False
 
     def __post_init__(self) -> None:
         if self.project_dir is not None:
@@ -136,6 +141,14 @@ class ProjectConfiguration:
             raise ValueError(f"ProjectConfiguration.total_limit must be an int >= 1 or None, got {self.total_limit!r}")
         if not isinstance(self.iteration, int) or self.iteration < 0:
             raise ValueError(f"ProjectConfiguration.iteration must be an int >= 0, got {self.iteration!r}")
+        if not isinstance(self.save_on_preemption, bool):
+            raise TypeError(f"ProjectConfiguration.save_on_preemption must be a bool, got {self.save_on_preemption!r}")
+        if self.save_on_preemption and not self.automatic_checkpoint_naming:
+            raise ValueError(
+                "ProjectConfiguration.save_on_preemption needs automatic_checkpoint_naming=True (and a project_dir): "
+                "the checkpoint taken on preemption goes to project_dir/checkpoints/checkpoint_{n}, where "
+                "load_state() finds it on the next run"
+            )
 
     def set_directories(self, project_dir: str | os.PathLike | None = None) -> None:
         """Set ``project_dir`` (and ``logging_dir`` when it followed it)."""

@@ -158,7 +158,60 @@ def trigger(accelerator: Accelerator) -> str:
     return "set_trigger on one process seen by check_trigger on all"
 
 
-CHECKS = [process_control, collectives, data_sharding, training, checkpoint, trigger]
+@check("resume after a restart")
+def resume_after_restart(accelerator: Accelerator) -> str:
+    """The restart pattern of docs/faults.md: a job killed mid-epoch, between accumulation steps,
+    starts again, calls ``load_state()`` and ends with the parameters of an uninterrupted run."""
+    from accel_train import ProjectConfiguration
+
+    folder = tempfile.mkdtemp() if accelerator.is_main_process else None
+    folder = (
+        accelerator.gather_for_metrics([folder], use_gather_object=True)[0] if accelerator.num_processes > 1 else folder
+    )
+    assert folder is not None
+    saved_config, saved_steps = accelerator.project_configuration, accelerator.gradient_accumulation_steps
+    accelerator.gradient_accumulation_steps = 2
+    data = torch.utils.data.TensorDataset(torch.randn(48, 4, generator=torch.Generator().manual_seed(5)))
+
+    def run(project: str, stop_after: int | None) -> list[torch.Tensor]:
+        """One 'process lifetime': prepare, resume if a checkpoint exists, train (until ``stop_after``)."""
+        accelerator.free_memory()
+        accelerator.project_configuration = ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True)
+        torch.manual_seed(2)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        loader = torch.utils.data.DataLoader(data, batch_size=2, shuffle=True)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        if os.path.isdir(os.path.join(project, "checkpoints")):
+            accelerator.load_state()  # the latest complete checkpoint; later saves continue its numbering
+        for batches, (x,) in enumerate(loader, start=1):
+            with accelerator.accumulate(model):
+                accelerator.backward(model(x).pow(2).mean())
+                optimizer.step()
+                optimizer.zero_grad()
+            if batches % 3 == 0 or batches == stop_after:
+                accelerator.save_state()
+            if batches == stop_after:
+                return []  # "killed" here
+        return [p.detach().clone() for p in model.parameters()]
+
+    try:
+        uninterrupted = run(os.path.join(folder, "uninterrupted"), None)
+        restarted = os.path.join(folder, "restarted")
+        run(restarted, 5)  # dies after batch 5: mid-epoch, mid-accumulation
+        resumed = run(restarted, None)
+        assert all(torch.equal(a, b) for a, b in zip(uninterrupted, resumed)), "resumed parameters differ"
+    finally:
+        accelerator.project_configuration = saved_config
+        accelerator.gradient_accumulation_steps = saved_steps
+        accelerator.free_memory()
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            shutil.rmtree(folder, ignore_errors=True)
+    return "killed mid-epoch between accumulation steps, load_state() resumed model, optimizer, RNG, loader position and accumulation phase exactly"
+
+
+CHECKS = [process_control, collectives, data_sharding, training, checkpoint, resume_after_restart, trigger]
 
 
 def main(end_training: bool = True) -> int:
