@@ -20,6 +20,7 @@ for _module, _names in {
         "has_4bit_bnb_layers",
         "has_8bit_bnb_layers",
         "get_parameter_device",
+        "quantized_model_bytes",
     ),
     "training": ("check_trainable_quantized_model", "is_bnb_quantized", "PURE_QUANTIZED_MESSAGE"),
     "fp8.backend": ("FP8BackendType", "choose_fp8_backend", "installed_fp8_backends", "parse_fp8_backend"),

@@ -39,6 +39,7 @@ __all__ = [
     "get_parameter_device",
     "quantize_bnb_layers",
     "name_matches",
+    "quantized_model_bytes",
 ]
 
 
@@ -447,3 +448,44 @@ def _warn_unused(names: list[str], model: nn.Module, what: str) -> None:
     unused = [k for k in names if not any(name_matches(n, k) for n in module_names)]
     if unused:
         warnings.warn(f"{what} {unused} match no module of {type(model).__name__}.", stacklevel=3)
+
+
+def _quant_state_tensors(state: Any) -> list[torch.Tensor]:
+    found = [t for t in (getattr(state, "absmax", None), getattr(state, "code", None)) if isinstance(t, torch.Tensor)]
+    nested = getattr(state, "state2", None)
+    if nested is not None:
+        found.extend(_quant_state_tensors(nested))
+    return found
+
+
+def quantized_model_bytes(model: nn.Module) -> int:
+    """Bytes of ``model``'s parameters and buffers, counting each quantized weight with its statistics.
+
+    An 8-bit weight counts its int8 matrix and row scales (``SCB``); a 4-bit weight its packed bytes
+    and quantization state (block scales, code book, nested scales with double quantization).
+    Shared tensors count once; meta (offloaded) tensors count nothing.
+    """
+    seen: set[tuple[int, int, torch.dtype]] = set()
+    total = 0
+
+    def add(tensor: torch.Tensor | None) -> None:
+        nonlocal total
+        if tensor is None or tensor.device.type == "meta":
+            return
+        key = (tensor.data_ptr() if tensor.numel() else id(tensor), tensor.numel(), tensor.dtype)
+        if key in seen:
+            return
+        seen.add(key)
+        total += tensor.numel() * tensor.element_size()
+
+    for module in model.modules():
+        for tensor in [*module._parameters.values(), *module._buffers.values()]:
+            add(tensor)
+        weight = module._parameters.get("weight")
+        scb = getattr(weight, "SCB", None) if weight is not None else None
+        state_scb = getattr(getattr(module, "state", None), "SCB", None)
+        add(scb if isinstance(scb, torch.Tensor) else state_scb if isinstance(state_scb, torch.Tensor) else None)
+        quant_state = getattr(weight, "quant_state", None) if weight is not None else None
+        for tensor in _quant_state_tensors(quant_state) if quant_state is not None else []:
+            add(tensor)
+    return total
