@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-
 requires_bnb = pytest.mark.skipif(
     importlib.util.find_spec("bitsandbytes") is None, reason="bitsandbytes is not installed (accel-quant[bnb])"
 )

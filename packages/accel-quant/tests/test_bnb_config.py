@@ -24,7 +24,10 @@ def test_4bit_options_are_normalised() -> None:
     assert config.target_dtype == "int4"
     assert config.bnb_4bit_compute_dtype is torch.bfloat16
     assert BnbQuantizationConfig(load_in_4bit=True).bnb_4bit_compute_dtype is torch.float16
-    assert BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float32).bnb_4bit_compute_dtype is torch.float32
+    assert (
+        BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float32).bnb_4bit_compute_dtype
+        is torch.float32
+    )
 
 
 def test_both_widths_is_an_error() -> None:

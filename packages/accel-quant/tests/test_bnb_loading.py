@@ -45,7 +45,9 @@ def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _linear_weight_bytes(layer: nn.Module) -> int:
-    return quantized_model_bytes(layer) - (layer.bias.numel() * layer.bias.element_size() if layer.bias is not None else 0)
+    return quantized_model_bytes(layer) - (
+        layer.bias.numel() * layer.bias.element_size() if layer.bias is not None else 0
+    )
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -135,12 +137,23 @@ def test_8bit_disk_offload_quantizes_offloaded_layers(tmp_path, tiny_model, toke
 
     with torch.no_grad():
         reference = tiny_model(tokens)
-    device_map = {"embed": "cpu", "blocks.0": "cpu", "blocks.1": "disk", "blocks.2": "cpu", "norm": "disk", "head": "disk"}
+    device_map = {
+        "embed": "cpu",
+        "blocks.0": "cpu",
+        "blocks.1": "disk",
+        "blocks.2": "cpu",
+        "norm": "disk",
+        "head": "disk",
+    }
     offload = tmp_path / "offload"
     with init_empty_weights():
         empty = TinyLM()
     model = load_and_quantize_model(
-        empty, BnbQuantizationConfig(**EIGHT), weights_location=checkpoint, device_map=device_map, offload_folder=offload
+        empty,
+        BnbQuantizationConfig(**EIGHT),
+        weights_location=checkpoint,
+        device_map=device_map,
+        offload_folder=offload,
     )
     layer = model.blocks[1].up
     assert isinstance(layer, bnb.nn.Linear8bitLt) and layer.weight.device.type == "meta"
@@ -159,11 +172,21 @@ def test_8bit_disk_offload_quantizes_offloaded_layers(tmp_path, tiny_model, toke
 def test_4bit_offloaded_modules_stay_unquantized(tmp_path, tiny_model, tokens, checkpoint) -> None:
     import bitsandbytes as bnb
 
-    device_map = {"embed": "cpu", "blocks.0": "cpu", "blocks.1": "disk", "blocks.2": "cpu", "norm": "cpu", "head": "cpu"}
+    device_map = {
+        "embed": "cpu",
+        "blocks.0": "cpu",
+        "blocks.1": "disk",
+        "blocks.2": "cpu",
+        "norm": "cpu",
+        "head": "cpu",
+    }
     with init_empty_weights():
         empty = TinyLM()
     model = load_and_quantize_model(
-        empty, BnbQuantizationConfig(**NF4), weights_location=checkpoint, device_map=device_map,
+        empty,
+        BnbQuantizationConfig(**NF4),
+        weights_location=checkpoint,
+        device_map=device_map,
         offload_folder=tmp_path / "off",
     )
     assert isinstance(model.blocks[0].up, bnb.nn.Linear4bit)
@@ -181,7 +204,9 @@ def test_planned_4bit_offload_is_refused(tiny_model) -> None:
 def test_auto_device_map_on_cpu(tiny_model, tokens, checkpoint) -> None:
     with init_empty_weights():
         empty = TinyLM()
-    model = load_and_quantize_model(empty, BnbQuantizationConfig(**EIGHT), weights_location=checkpoint, device_map="auto")
+    model = load_and_quantize_model(
+        empty, BnbQuantizationConfig(**EIGHT), weights_location=checkpoint, device_map="auto"
+    )
     assert all(str(d) == "cpu" for d in getattr(model, "hf_device_map", {"": "cpu"}).values())
     with torch.no_grad():
         assert _rel_error(model(tokens), tiny_model(tokens)) < BOUNDS["8bit"]
@@ -223,9 +248,19 @@ def test_saved_8bit_reloads_with_disk_offload(tmp_path, tiny_model, tokens, chec
     save_sharded(model.state_dict(), tmp_path / "saved")
     with init_empty_weights():
         empty = TinyLM()
-    device_map = {"embed": "cpu", "blocks.0": "disk", "blocks.1": "cpu", "blocks.2": "cpu", "norm": "cpu", "head": "cpu"}
+    device_map = {
+        "embed": "cpu",
+        "blocks.0": "disk",
+        "blocks.1": "cpu",
+        "blocks.2": "cpu",
+        "norm": "cpu",
+        "head": "cpu",
+    }
     reloaded = load_and_quantize_model(
-        empty, BnbQuantizationConfig(**EIGHT), weights_location=tmp_path / "saved", device_map=device_map,
+        empty,
+        BnbQuantizationConfig(**EIGHT),
+        weights_location=tmp_path / "saved",
+        device_map=device_map,
         offload_folder=tmp_path / "off",
     )
     assert reloaded.blocks[0].up.weight.device.type == "meta"
@@ -242,3 +277,23 @@ def test_saved_4bit_checkpoint_is_refused(tmp_path, tiny_model, checkpoint) -> N
         empty = TinyLM()
     with pytest.raises(ValueError, match="holds 4-bit quantized weights"):
         load_and_quantize_model(empty, BnbQuantizationConfig(**NF4), weights_location=tmp_path / "saved4")
+
+
+def test_quantize_and_offload_8bit_writes_int8_and_scales(tmp_path, tiny_model) -> None:
+    from accel_bigmodel.offload import load_offloaded_weight
+    from accel_quant.bnb import quantize_and_offload_8bit, replace_with_bnb_layers
+
+    with init_empty_weights():
+        model = TinyLM()
+    replace_with_bnb_layers(model, BnbQuantizationConfig(**EIGHT), ["head"])
+    index: dict = {}
+    weight = tiny_model.blocks[0].up.weight.detach()
+    quantize_and_offload_8bit(model, weight, "blocks.0.up.weight", None, tmp_path, index)
+    assert index["blocks.0.up.weight"]["dtype"] == "int8" and index["blocks.0.up.SCB"]["shape"] == [128]
+    int8 = load_offloaded_weight(os.fspath(tmp_path / "blocks.0.up.weight.dat"), index["blocks.0.up.weight"])
+    scales = load_offloaded_weight(os.fspath(tmp_path / "blocks.0.up.SCB.dat"), index["blocks.0.up.SCB"])
+    restored = int8.float() * scales[:, None] / 127
+    assert (restored - weight).abs().max() <= weight.abs().amax(dim=1).max() / 127
+    assert model.blocks[0].up.weight.device.type == "meta"
+    with pytest.raises(ValueError, match="already int8"):
+        quantize_and_offload_8bit(model, int8, "blocks.0.up.weight", None, tmp_path, index)

@@ -13,7 +13,16 @@ from accel_quant.fp8.recipes import AORecipe, MSAMPRecipe, TERecipe
 
 @pytest.mark.parametrize(
     ("name", "expected"),
-    [("te", "TE"), ("TE", "TE"), ("transformer-engine", "TE"), ("msamp", "MSAMP"), ("MS-AMP", "MSAMP"), ("ao", "AO"), ("torchao", "AO"), (None, "NO")],
+    [
+        ("te", "TE"),
+        ("TE", "TE"),
+        ("transformer-engine", "TE"),
+        ("msamp", "MSAMP"),
+        ("MS-AMP", "MSAMP"),
+        ("ao", "AO"),
+        ("torchao", "AO"),
+        (None, "NO"),
+    ],
 )
 def test_parse_backend_names(name, expected) -> None:
     assert parse_fp8_backend(name) is FP8BackendType(expected)
@@ -74,7 +83,10 @@ def test_requested_backend_missing_names_the_package(name, package) -> None:
 def test_te_recipe_defaults_and_environment() -> None:
     recipe = TERecipe.from_values(environ={})
     assert (recipe.fp8_format, recipe.amax_history_len, recipe.amax_compute_algo, recipe.margin) == (
-        "HYBRID", 1024, "most_recent", 0
+        "HYBRID",
+        1024,
+        "most_recent",
+        0,
     )
     env = {
         "ACCELERATE_FP8_FORMAT": "e4m3",

@@ -24,7 +24,9 @@ from accel_quant.fp8.transformer_engine import (
     te_recipe_kwargs,
 )
 
-no_te = pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None, reason="TransformerEngine is installed")
+no_te = pytest.mark.skipif(
+    importlib.util.find_spec("transformer_engine") is not None, reason="TransformerEngine is installed"
+)
 no_msamp = pytest.mark.skipif(importlib.util.find_spec("msamp") is not None, reason="MS-AMP is installed")
 
 
@@ -46,12 +48,21 @@ def test_plan_keeps_layernorm_it_cannot_take() -> None:
 
 def test_recipe_translation_delayed_scaling() -> None:
     name, kwargs, during_eval = te_recipe_kwargs(
-        TERecipe(fp8_format="E4M3", margin=1, amax_history_len=32, amax_compute_algo="max",
-                 override_linear_precision=(False, False, True))
+        TERecipe(
+            fp8_format="E4M3",
+            margin=1,
+            amax_history_len=32,
+            amax_compute_algo="max",
+            override_linear_precision=(False, False, True),
+        )
     )
     assert name == "DelayedScaling" and during_eval is False
     assert kwargs == {
-        "margin": 1, "interval": 1, "fp8_format": "E4M3", "amax_history_len": 32, "amax_compute_algo": "max",
+        "margin": 1,
+        "interval": 1,
+        "fp8_format": "E4M3",
+        "amax_history_len": 32,
+        "amax_compute_algo": "max",
         "override_linear_precision": (False, False, True),
     }
 

@@ -20,6 +20,7 @@ from accel_bigmodel.big_modeling import DEVICE_MAP_STRATEGIES, dispatch_model
 from accel_bigmodel.checkpoint import describe, resolve_checkpoint
 from accel_bigmodel.empty import init_empty_weights
 from accel_bigmodel.loading import load_checkpoint_in_model
+from accel_bigmodel.offload import offload_weight
 from accel_bigmodel.planning import get_balanced_memory, infer_auto_device_map
 from accel_bigmodel.tied import find_tied_parameters
 from accel_quant._requirements import require_bnb
@@ -40,6 +41,7 @@ __all__ = [
     "quantize_bnb_layers",
     "name_matches",
     "quantized_model_bytes",
+    "quantize_and_offload_8bit",
 ]
 
 
@@ -151,7 +153,9 @@ def replace_with_bnb_layers(
     ValueError when a name to skip matches no module of the model.
     """
     bnb = require_bnb(bnb_quantization_config.bits)
-    skip = list(modules_to_not_convert if modules_to_not_convert is not None else bnb_quantization_config.skip_modules or [])
+    skip = list(
+        modules_to_not_convert if modules_to_not_convert is not None else bnb_quantization_config.skip_modules or []
+    )
     names = [name for name, _ in model.named_modules()]
     unmatched = [key for key in skip if not any(name_matches(name, key) for name in names if name)]
     if unmatched:
@@ -238,7 +242,9 @@ def get_quantized_model_device_map(
         logger.info("No device_map given: the quantized model goes on %s.", device_map[""])
     if isinstance(device_map, str):
         if device_map not in DEVICE_MAP_STRATEGIES:
-            raise ValueError(f"device_map {device_map!r} is not a strategy: use one of {DEVICE_MAP_STRATEGIES} or a dict.")
+            raise ValueError(
+                f"device_map {device_map!r} is not a strategy: use one of {DEVICE_MAP_STRATEGIES} or a dict."
+            )
         special: dict[str, Any] = {}
         for name, _ in model.named_parameters():
             owner = name.rpartition(".")[0]
@@ -273,6 +279,43 @@ def get_quantized_model_device_map(
 
 
 # -- loading -------------------------------------------------------------------------------------
+def quantize_and_offload_8bit(
+    model: nn.Module,
+    param: torch.Tensor,
+    param_name: str,
+    new_dtype: torch.dtype | None,
+    offload_folder: str | os.PathLike[str],
+    offload_index: dict[str, Any],
+    fp16_statistics: torch.Tensor | None = None,
+) -> None:
+    """Offload the 8-bit weight ``param_name`` of ``model`` to ``offload_folder`` as int8 plus its row scales.
+
+    A full-precision ``param`` is quantized on the CPU first; an int8 ``param`` is written as is with
+    ``fp16_statistics`` as its scales. The model keeps a meta placeholder; ``offload_index`` gains both entries.
+    """
+    bnb = require_bnb(8)
+    module_name, _, _ = param_name.rpartition(".")
+    scb_name = f"{module_name}.SCB" if module_name else "SCB"
+    if fp16_statistics is None:
+        if not param.is_floating_point():
+            raise ValueError(f"{param_name} is already int8: give its row scales as fp16_statistics.")
+        source = param.to(new_dtype) if new_dtype is not None else param
+        quantized = bnb.nn.Int8Params(source.detach().to("cpu"), requires_grad=False, has_fp16_weights=False).to("cpu")
+        data, scales = quantized.data, quantized.SCB
+    else:
+        data, scales = param.detach().to("cpu"), fp16_statistics.detach().to("cpu")
+    offload_weight(data, param_name, os.fspath(offload_folder), index=offload_index)
+    offload_weight(scales, scb_name, os.fspath(offload_folder), index=offload_index)
+    owner = model.get_submodule(module_name) if module_name else model
+    attr = param_name.rpartition(".")[2]
+    old = owner._parameters[attr]
+    owner._parameters[attr] = (
+        bnb.nn.Int8Params(torch.empty(tuple(param.shape), device="meta"), requires_grad=False, has_fp16_weights=False)
+        if old is None or type(old).__name__ == "Int8Params"
+        else nn.Parameter(torch.empty(tuple(param.shape), device="meta"), requires_grad=False)
+    )
+
+
 def _checkpoint_keys(weights_location: str | os.PathLike[str]) -> set[str]:
     files = resolve_checkpoint(weights_location)
     if files.key_to_file is not None:
@@ -391,7 +434,9 @@ def load_and_quantize_model(
         replace_with_bnb_layers(model, effective, modules_to_not_convert=not_converted)
         _cast_unquantized(bnb, model, effective)
         quantize_bnb_layers(model)
-        if device_map is not None and not (isinstance(device_map, Mapping) and len(set(map(str, device_map.values()))) == 1):
+        if device_map is not None and not (
+            isinstance(device_map, Mapping) and len(set(map(str, device_map.values()))) == 1
+        ):
             planned = get_quantized_model_device_map(model, effective, device_map, max_memory, no_split_module_classes)
             model = dispatch_model(model, device_map=planned, offload_dir=offload_folder)
             attach_int8_statistics_hooks(model)

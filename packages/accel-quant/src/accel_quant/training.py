@@ -8,6 +8,7 @@ weights frozen. The model must also sit whole on the device it trains on.
 from __future__ import annotations
 
 from collections.abc import Iterable
+
 import torch
 from torch import nn
 

@@ -57,7 +57,9 @@ def parse_fp8_backend(value: str | FP8BackendType | None) -> FP8BackendType:
         return value
     found = _ALIASES.get(str(value).strip().lower())
     if found is None:
-        raise ValueError(f"Unknown FP8 backend {value!r}: use one of 'te' (TransformerEngine), 'msamp' or 'ao' (torchao).")
+        raise ValueError(
+            f"Unknown FP8 backend {value!r}: use one of 'te' (TransformerEngine), 'msamp' or 'ao' (torchao)."
+        )
     return found
 
 

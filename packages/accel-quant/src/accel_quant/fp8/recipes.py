@@ -142,7 +142,9 @@ class AORecipe:
 
     def __post_init__(self) -> None:
         if self.module_filter_func is not None and not callable(self.module_filter_func):
-            raise TypeError(f"module_filter_func must be callable (module, name) -> bool, got {self.module_filter_func!r}.")
+            raise TypeError(
+                f"module_filter_func must be callable (module, name) -> bool, got {self.module_filter_func!r}."
+            )
         if self.emulate is None:
             self.emulate = not has_fp8_tensor_cores()
 

@@ -93,7 +93,9 @@ def _to_kwargs(handler: Any) -> dict[str, Any]:
         return dict(found)
     if dataclasses.is_dataclass(handler) and not isinstance(handler, type):
         return dataclasses.asdict(handler)
-    raise TypeError(f"Cannot read an FP8 recipe from {type(handler).__name__}: give a TERecipe, a dict or a recipe kwargs handler.")
+    raise TypeError(
+        f"Cannot read an FP8 recipe from {type(handler).__name__}: give a TERecipe, a dict or a recipe kwargs handler."
+    )
 
 
 def build_te_recipe(recipe: TERecipe | Mapping[str, Any] | None = None) -> tuple[Any, bool]:
@@ -147,8 +149,11 @@ def convert_model(
     for name, module in list(model.named_modules()):
         if isinstance(module, te.Linear) and _convert_linear:
             back: nn.Module = nn.Linear(
-                module.in_features, module.out_features, bias=getattr(module, "bias", None) is not None,
-                dtype=module.weight.dtype, device=module.weight.device,
+                module.in_features,
+                module.out_features,
+                bias=getattr(module, "bias", None) is not None,
+                dtype=module.weight.dtype,
+                device=module.weight.device,
             )
         elif isinstance(module, te.LayerNorm) and _convert_ln:
             back = nn.LayerNorm(
