@@ -8,6 +8,16 @@ disagree. Pure data; imports nothing heavy.
 
 from __future__ import annotations
 
+from accel_state.enums import (
+    AmaxComputeAlgorithm,
+    ContextParallelCommStrategy,
+    FP8BackendType,
+    FP8Format,
+    MSAMPOptLevel,
+)
+
+_FP8_BACKENDS = tuple(b.lower() for b in FP8BackendType.list() if b != "NO")
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported at run time: `accel --help` stays fast
     from typing import Any
@@ -177,15 +187,15 @@ OPTIONS: tuple[Option, ...] = (
     _O("megatron_lm_use_distributed_optimizer", "bool", G_MEGATRON, "Shard optimizer state and gradients across DP ranks (true|false).", "megatron_lm_config"),
     _O("megatron_lm_gradient_clipping", "float", G_MEGATRON, "Gradient clipping on the global L2 norm (0 disables).", "megatron_lm_config", default=1.0),
     # FP8
-    _O("fp8_backend", "str", G_FP8, "FP8 backend.", "fp8_config", key="backend", choices=("te", "msamp", "ao")),
+    _O("fp8_backend", "str", G_FP8, "FP8 backend.", "fp8_config", key="backend", choices=_FP8_BACKENDS),
     _O("fp8_use_autocast_during_eval", "switch", G_FP8, "Keep FP8 autocast in evaluation (te).", "fp8_config", key="use_autocast_during_eval", default=False),
     _O("fp8_margin", "int", G_FP8, "Margin of the scaling factor (te).", "fp8_config", key="margin", default=0),
     _O("fp8_interval", "int", G_FP8, "Steps between scaling factor updates (te).", "fp8_config", key="interval", default=1),
-    _O("fp8_format", "str", G_FP8, "FP8 format (te).", "fp8_config", default="HYBRID", choices=("HYBRID", "E4M3", "E5M2")),
+    _O("fp8_format", "str", G_FP8, "FP8 format (te).", "fp8_config", default="HYBRID", choices=tuple(FP8Format.list())),
     _O("fp8_amax_history_len", "int", G_FP8, "Length of the amax history (te).", "fp8_config", key="amax_history_length", default=1024),
-    _O("fp8_amax_compute_algo", "str", G_FP8, "Amax compute algorithm (te).", "fp8_config", key="amax_compute_algorithm", default="most_recent", choices=("max", "most_recent")),
+    _O("fp8_amax_compute_algo", "str", G_FP8, "Amax compute algorithm (te).", "fp8_config", key="amax_compute_algorithm", default="most_recent", choices=tuple(AmaxComputeAlgorithm.list())),
     _O("fp8_override_linear_precision", "bool_triple", G_FP8, "Run fprop, dgrad, wgrad GEMMs in higher precision, e.g. 'false,false,true' (te).", "fp8_config", key="override_linear_precision", default=(False, False, False)),
-    _O("fp8_opt_level", "str", G_FP8, "MS-AMP optimisation level.", "fp8_config", key="opt_level", default="O2", choices=("O1", "O2")),
+    _O("fp8_opt_level", "str", G_FP8, "MS-AMP optimisation level.", "fp8_config", key="opt_level", default="O2", choices=tuple(MSAMPOptLevel.list())),
     _O("fp8_enable_fsdp_float8_all_gather", "bool", G_FP8, "torchao: all-gather in float8 under FSDP2 (true|false).", "fp8_config", key="enable_fsdp_float8_all_gather", default=True),
     _O("fp8_pad_inner_dim", "bool", G_FP8, "torchao: pad inner dimensions (true|false).", "fp8_config", key="pad_inner_dim", default=True),
     # AWS
@@ -199,7 +209,7 @@ OPTIONS: tuple[Option, ...] = (
     _O("parallelism_config_dp_shard_size", "int", G_PARALLELISM, "Data parallel shard size.", "parallelism_config", default=1),
     _O("parallelism_config_tp_size", "int", G_PARALLELISM, "Tensor parallel size.", "parallelism_config", default=1),
     _O("parallelism_config_cp_size", "int", G_PARALLELISM, "Context parallel size.", "parallelism_config", default=1),
-    _O("parallelism_config_cp_comm_strategy", "str", G_PARALLELISM, "Context parallel communication (allgather or alltoall).", "parallelism_config", default="allgather"),
+    _O("parallelism_config_cp_comm_strategy", "str", G_PARALLELISM, "Context parallel communication (allgather or alltoall).", "parallelism_config", default="allgather", choices=tuple(ContextParallelCommStrategy.list())),
 )
 # fmt: on
 
@@ -213,6 +223,7 @@ LEGACY_KEYS: dict[tuple[str, str], str] = {
     ("fp8_config", "amax_compute_algo"): "fp8_amax_compute_algo",
     ("fp8_config", "fp8_backend"): "fp8_backend",
     ("fp8_config", "fp8_opt_level"): "fp8_opt_level",
+    ("fp8_config", "optimization_level"): "fp8_opt_level",
     ("fp8_config", "fp8_margin"): "fp8_margin",
     ("fp8_config", "fp8_interval"): "fp8_interval",
     ("fp8_config", "fp8_amax_history_len"): "fp8_amax_history_len",

@@ -15,7 +15,15 @@ from typing import Any
 from accel_launch.options import BY_DEST, OPTIONS
 from accel_launch.values import ConfigError, check_choice, coerce
 from accel_state import env_vars
-from accel_state.enums import ComputeEnvironment, DistributedType
+from accel_state.enums import (
+    ComputeEnvironment,
+    DistributedType,
+    FSDPAutoWrapPolicy,
+    FSDPBackwardPrefetch,
+    FSDPShardingStrategy,
+    FSDPStateDictType,
+    OffloadDevice,
+)
 
 MODES = ("simple", "torchrun", "deepspeed", "mpirun", "tpu", "tpu_pod", "sagemaker")
 
@@ -31,13 +39,14 @@ _TYPE_FLAGS: dict[DistributedType, dict[str, bool]] = {
     DistributedType.MULTI_CPU: {"cpu": True, "_multi": True},
 }
 
-_FSDP_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+_FSDP_STRATEGIES = tuple(FSDPShardingStrategy.list())
+#: FSDP setting -> (its enum in accel_state, the variable that carries it).
 _FSDP_CHOICES = {
-    "fsdp_auto_wrap_policy": ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"),
-    "fsdp_backward_prefetch": ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"),
-    "fsdp_state_dict_type": ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"),
+    "fsdp_auto_wrap_policy": (FSDPAutoWrapPolicy, "FSDP_AUTO_WRAP_POLICY"),
+    "fsdp_backward_prefetch": (FSDPBackwardPrefetch, "FSDP_BACKWARD_PREFETCH"),
+    "fsdp_state_dict_type": (FSDPStateDictType, "FSDP_STATE_DICT_TYPE"),
 }
-_OFFLOAD = ("none", "cpu", "nvme")
+_OFFLOAD = tuple(OffloadDevice.list())
 
 #: Device type -> the variable that selects visible devices of that type.
 VISIBLE_DEVICES_VAR = {
@@ -170,11 +179,16 @@ def _check_paradigms(values: Mapping[str, Any]) -> None:
         raise ConfigError("--cpu cannot be combined with --multi_gpu: the one forces the CPU, the other asks for GPUs")
 
 
+def _fsdp_choice(enum_type: Any, value: Any, name: str) -> str:
+    """The member of ``enum_type`` for ``value`` (name or 1-based number), or a ConfigError naming ``name``."""
+    try:
+        return str(enum_type.parse(value))
+    except ValueError:
+        return check_choice(str(value).strip().upper(), tuple(enum_type.list()), name, "FSDP settings")
+
+
 def _fsdp_strategy(value: Any) -> str:
-    text = str(value).strip().upper()
-    if text.isdigit() and 1 <= int(text) <= len(_FSDP_STRATEGIES):
-        return _FSDP_STRATEGIES[int(text) - 1]
-    return check_choice(text, _FSDP_STRATEGIES, "fsdp_sharding_strategy", "FSDP settings")
+    return _fsdp_choice(FSDPShardingStrategy, value, "fsdp_sharding_strategy")
 
 
 def _num_processes(values: dict[str, Any], machine: MachineInfo, notes: list[str], defaulted: set[str]) -> int:
@@ -356,6 +370,8 @@ def _fp8_env(values: Mapping[str, Any]) -> dict[str, Any]:
         ],
         "ACCELERATE_FP8_OPT_LEVEL": values["fp8_opt_level"],
         "ACCELERATE_FP8_USE_AUTOCAST_DURING_EVAL": bool(values["fp8_use_autocast_during_eval"]),
+        "ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER": bool(values["fp8_enable_fsdp_float8_all_gather"]),
+        "ACCELERATE_FP8_PAD_INNER_DIM": bool(values["fp8_pad_inner_dim"]),
     }
     return env
 
@@ -421,15 +437,10 @@ def _fsdp_env(values: Mapping[str, Any]) -> dict[str, Any]:
     else:
         coerce("bool", values["fsdp_reshard_after_forward"], "fsdp_reshard_after_forward", "FSDP2 settings")
         env["FSDP_RESHARD_AFTER_FORWARD"] = str(coerce("bool", values["fsdp_reshard_after_forward"], "", "")).lower()
-    for name, choices in _FSDP_CHOICES.items():
+    for name, (enum_type, env_name) in _FSDP_CHOICES.items():
         value = values.get(name)
         if value is not None:
-            env_name = {
-                "fsdp_auto_wrap_policy": "FSDP_AUTO_WRAP_POLICY",
-                "fsdp_backward_prefetch": "FSDP_BACKWARD_PREFETCH",
-                "fsdp_state_dict_type": "FSDP_STATE_DICT_TYPE",
-            }[name]
-            env[env_name] = check_choice(str(value).upper(), choices, name, "FSDP settings")
+            env[env_name] = _fsdp_choice(enum_type, value, name)
     if values.get("fsdp_transformer_layer_cls_to_wrap"):
         env["FSDP_TRANSFORMER_CLS_TO_WRAP"] = values["fsdp_transformer_layer_cls_to_wrap"]
     return env

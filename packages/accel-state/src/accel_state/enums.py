@@ -107,3 +107,104 @@ class DynamoBackend(_StrEnum):
     IPEX = "IPEX"
     TVM = "TVM"
     HPU_BACKEND = "HPU_BACKEND"
+
+
+# -- choice tables of the backends ---------------------------------------------------------------------
+# One enum per list of choices. The launcher's flags and config validation, the ``config`` questionnaire,
+# ``to-fsdp2`` and the plugins of accel-train all read these, so the lists cannot drift apart.
+
+
+class _NumberedChoice(_StrEnum):
+    """A choice that may also be given by its 1-based position (the documented numeric spelling)."""
+
+    @classmethod
+    def parse(cls, value: object) -> _StrEnum:
+        text = str(value.value if isinstance(value, enum.Enum) else value).strip()
+        members = list(cls)
+        if text.isdigit() and 1 <= int(text) <= len(members):
+            return members[int(text) - 1]
+        return super().parse(value)
+
+
+class FSDPShardingStrategy(_NumberedChoice):
+    """FSDP1 sharding strategies (1-5 in launcher files, in this order)."""
+
+    FULL_SHARD = "FULL_SHARD"
+    SHARD_GRAD_OP = "SHARD_GRAD_OP"
+    NO_SHARD = "NO_SHARD"
+    HYBRID_SHARD = "HYBRID_SHARD"
+    HYBRID_SHARD_ZERO2 = "HYBRID_SHARD_ZERO2"
+
+
+class FSDPAutoWrapPolicy(_StrEnum):
+    """Which submodules FSDP wraps as units."""
+
+    TRANSFORMER_BASED_WRAP = "TRANSFORMER_BASED_WRAP"
+    SIZE_BASED_WRAP = "SIZE_BASED_WRAP"
+    NO_WRAP = "NO_WRAP"
+
+
+class FSDPBackwardPrefetch(_NumberedChoice):
+    """When FSDP fetches the next unit's parameters during backward."""
+
+    BACKWARD_PRE = "BACKWARD_PRE"
+    BACKWARD_POST = "BACKWARD_POST"
+    NO_PREFETCH = "NO_PREFETCH"
+
+
+class FSDPStateDictType(_NumberedChoice):
+    """How an FSDP model's state dict is taken (LOCAL is FSDP1 only)."""
+
+    FULL_STATE_DICT = "FULL_STATE_DICT"
+    LOCAL_STATE_DICT = "LOCAL_STATE_DICT"
+    SHARDED_STATE_DICT = "SHARDED_STATE_DICT"
+
+
+class OffloadDevice(_StrEnum):
+    """Where DeepSpeed offloads optimizer states or parameters."""
+
+    NONE = "none"
+    CPU = "cpu"
+    NVME = "nvme"
+
+
+#: The ZeRO optimisation stages DeepSpeed knows.
+ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
+
+
+class FP8BackendType(_StrEnum):
+    """FP8 kernels: TransformerEngine, MS-AMP or torchao (``NO``: none chosen)."""
+
+    NO = "NO"
+    TE = "TE"
+    MSAMP = "MSAMP"
+    AO = "AO"
+
+
+class FP8Format(_StrEnum):
+    """FP8 formats of TransformerEngine recipes."""
+
+    HYBRID = "HYBRID"
+    E4M3 = "E4M3"
+    E5M2 = "E5M2"
+
+
+class AmaxComputeAlgorithm(_StrEnum):
+    """How TransformerEngine turns the amax history into a scale."""
+
+    MAX = "max"
+    MOST_RECENT = "most_recent"
+
+
+class MSAMPOptLevel(_StrEnum):
+    """MS-AMP optimisation levels (the letter O, not zero)."""
+
+    O1 = "O1"
+    O2 = "O2"
+
+
+class ContextParallelCommStrategy(_StrEnum):
+    """How context-parallel ranks exchange keys and values."""
+
+    ALLGATHER = "allgather"
+    ALLTOALL = "alltoall"

@@ -135,6 +135,8 @@ _ALL: tuple[EnvVar, ...] = (
     _v("ACCELERATE_FP8_OVERRIDE_LINEAR_PRECISION", "list", None, "three booleans: fprop, dgrad, wgrad"),
     _v("ACCELERATE_FP8_OPT_LEVEL", "str", "O2", "MS-AMP optimisation level"),
     _v("ACCELERATE_FP8_USE_AUTOCAST_DURING_EVAL", "bool", False, "keep FP8 autocast in evaluation"),
+    _v("ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER", "bool", True, "torchao: all-gather FP8 weights under FSDP2"),
+    _v("ACCELERATE_FP8_PAD_INNER_DIM", "bool", True, "torchao: pad inner dimensions to multiples of 16"),
     # parallelism config (tensor / context / data parallel sizes)
     _v("ACCELERATE_USE_PARALLELISM_CONFIG", "bool", False, "build a ParallelismConfig from the variables"),
     _v("PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "int", 1, "data parallel replicate size"),

@@ -7,13 +7,15 @@ from typing import Any
 import torch
 
 from accel_state.enums import DistributedType
-from accel_train import strategy
+from accel_train.strategies import DDP_TYPES
 
 
 class AttributesMixin:
     """Documented attributes, read from the shared state and the Accelerator's configuration."""
 
     state: Any
+    precision: Any
+    _strategy: Any
     gradient_state: Any
     dataloader_config: Any
     project_configuration: Any
@@ -59,7 +61,7 @@ class AttributesMixin:
 
     @property
     def multi_device(self) -> bool:
-        return self.use_distributed and strategy.uses_ddp(self.distributed_type)
+        return self.use_distributed and self.distributed_type in DDP_TYPES
 
     @property
     def mixed_precision(self) -> str:
@@ -150,11 +152,13 @@ class AttributesMixin:
 
     @property
     def fp8_backend(self) -> str | None:
-        return None
+        """The FP8 backend of the precision (``TE``, ``MSAMP``, ``AO``), ``None`` without FP8."""
+        return self.precision.fp8_backend
 
     @property
     def torch_device_mesh(self) -> Any:
-        return None
+        """The strategy's ``DeviceMesh`` (``None`` when it uses none)."""
+        return self._strategy.device_mesh
 
     @property
     def should_save_model(self) -> bool:
@@ -162,12 +166,24 @@ class AttributesMixin:
 
     @property
     def is_composable_parallelism_enabled(self) -> bool:
-        return False
+        return bool(self._strategy.is_composable_parallelism_enabled)
 
     @property
     def data_parallel_rank(self) -> int:
-        return self.process_index
+        return self._strategy.parallel_dims.data_parallel_rank
 
-    tensor_parallel_rank = context_parallel_rank = pipeline_parallel_rank = data_parallel_shard_rank = property(
-        lambda self: 0
-    )
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        return self._strategy.parallel_dims.dp_shard_rank
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        return self._strategy.parallel_dims.tp_rank
+
+    @property
+    def context_parallel_rank(self) -> int:
+        return self._strategy.parallel_dims.cp_rank
+
+    @property
+    def pipeline_parallel_rank(self) -> int:
+        return 0

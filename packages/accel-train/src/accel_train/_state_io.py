@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from accel_train import checkpoint_io as io
-from accel_train import checkpointing as ckpt
+from accel_train._lazy_modules import checkpoint_io as io
+from accel_train._lazy_modules import checkpointing as ckpt
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,8 @@ class StateIOMixin:
     _custom_objects: list[Any]
     _save_model_state_pre_hook: dict[int, Any]
     _load_model_state_pre_hook: dict[int, Any]
-    scaler: Any
+    _strategy: Any
+    precision: Any
     step: int
 
     # -- who writes -------------------------------------------------------------------------------
@@ -128,18 +129,36 @@ class StateIOMixin:
         self.state.wait_for_everyone()
 
         models = list(self._models)
-        weights = [self.get_state_dict(model) for model in models]  # type: ignore[attr-defined]
+        strategy = self._strategy
+        # Every rank takes part: a sharded strategy gathers or writes its shards here (weights None).
+        weights: list[Any] = [strategy.checkpoint_weights(model) for model in models]
+        sharded = any(w is None for w in weights)
+        if sharded:
+            weights = []
+        # Hooks may take over saving a model by removing it (and its weights) from the lists.
         for hook in list(self._save_model_state_pre_hook.values()):
             hook(models, weights, tmp)
+        if sharded:
+            to_save = [(model, None) for model in models]
+        else:
+            to_save = [(models[i] if i < len(models) else None, w) for i, w in enumerate(weights)]
 
         manifest: dict[str, Any] = {
             "num_processes": self.state.num_processes,
             "step": self.step,
             "safe_serialization": bool(safe_serialization),
+            "strategy": strategy.name,
         }
+        written: dict[str, Any] = {"models": [], "optimizers": []}
+        for index, (model, state_dict) in enumerate(to_save):
+            written["models"].append(
+                strategy.save_model_checkpoint(model, state_dict, tmp, index, safe_serialization, writer)
+            )
+        for index, optimizer in enumerate(self._optimizers):
+            written["optimizers"].append(strategy.save_optimizer_checkpoint(optimizer, tmp, index, writer))
         if writer:
-            files = self._write_shared_files(tmp, weights, safe_serialization)
-            manifest.update(files)
+            manifest.update(written)
+            manifest.update(self._write_shared_files(tmp))
         io.save_rng(os.path.join(tmp, ckpt.rng_file(self.state.process_index)))
         if not self.gradient_state.sync_gradients:  # type: ignore[attr-defined]
             # Mid-accumulation: the gradients gathered so far are part of the state (per process under DDP).
@@ -160,33 +179,26 @@ class StateIOMixin:
         logger.info("saved state to %s", output_dir)
         return output_dir
 
-    def _write_shared_files(
-        self, folder: str, weights: list[dict[str, Any]], safe_serialization: bool
-    ) -> dict[str, Any]:
-        written: dict[str, Any] = {"models": [], "optimizers": [], "schedulers": [], "dataloaders": [], "custom": []}
-        for index, state_dict in enumerate(weights):
-            name = ckpt.model_file(index, safe_serialization)
-            io.save_weights(state_dict, os.path.join(folder, name), safe_serialization)
-            written["models"].append(name)
-        for index, optimizer in enumerate(self._optimizers):
-            name = ckpt.optimizer_file(index)
-            io.save_torch(optimizer.state_dict(), os.path.join(folder, name))
-            written["optimizers"].append(name)
+    def _write_shared_files(self, folder: str) -> dict[str, Any]:
+        """Schedulers, loader positions, the precision's state and registered objects (writer only)."""
+        io_ = self._strategy.checkpoint_io
+        written: dict[str, Any] = {"schedulers": [], "dataloaders": [], "custom": []}
         for index, scheduler in enumerate(self._schedulers):
             name = ckpt.scheduler_file(index)
-            io.save_torch(scheduler.state_dict(), os.path.join(folder, name))
+            io_.save_object(scheduler.state_dict(), os.path.join(folder, name))
             written["schedulers"].append(name)
         for index, loader in enumerate(self._dataloaders):
             if hasattr(loader, "state_dict"):
                 name = ckpt.dataloader_file(index)
-                io.save_torch(loader.state_dict(), os.path.join(folder, name))
+                io_.save_object(loader.state_dict(), os.path.join(folder, name))
                 written["dataloaders"].append(name)
-        if self.scaler is not None:
-            io.save_torch(self.scaler.state_dict(), os.path.join(folder, "scaler.pt"))
-            written["scaler"] = "scaler.pt"
+        precision_state = self.precision.state_dict()
+        if precision_state is not None:
+            io_.save_object(precision_state, os.path.join(folder, ckpt.SCALER_NAME))
+            written["scaler"] = ckpt.SCALER_NAME
         for index, obj in enumerate(self._custom_objects):
             name = ckpt.custom_file(index)
-            io.save_torch(obj.state_dict(), os.path.join(folder, name))
+            io_.save_object(obj.state_dict(), os.path.join(folder, name))
             written["custom"].append(name)
         return written
 
@@ -236,30 +248,31 @@ class StateIOMixin:
             num_schedulers=len(self._schedulers),
             num_dataloaders=len(dataloaders),
             num_custom=len(self._custom_objects),
-            has_scaler=self.scaler is not None,
+            has_scaler=self.precision.state_dict() is not None,
             process_index=self.state.process_index,
             num_processes=self.state.num_processes,
             manifest=manifest,
+            layout=self._strategy.checkpoint_entries(),
         )
         map_location = load_model_func_kwargs.pop("map_location", None)
         device = ckpt.torch_device(map_location, self.state.device)
         strict = load_model_func_kwargs.pop("strict", True)
-        for model, name in zip(models, model_files):
-            target = self.unwrap_model(model, keep_torch_compile=False)  # type: ignore[attr-defined]
-            path = os.path.join(folder, name)
-            io.load_into_model(target, io.load_weights(path, device), path, strict=strict)
+        strategy = self._strategy
+        for model, entry in zip(models, model_files):
+            strategy.load_model_checkpoint(model, folder, entry, device, strict=strict)
         optimizer_kwargs = dict(load_kwargs or {})
         for index, optimizer in enumerate(self._optimizers):
-            path = os.path.join(folder, ckpt.optimizer_file(index))
-            optimizer.load_state_dict(io.load_torch(path, map_location=optimizer_kwargs.get("map_location", device)))
+            strategy.load_optimizer_checkpoint(
+                optimizer, folder, index, map_location=optimizer_kwargs.get("map_location", device)
+            )
         for index, scheduler in enumerate(self._schedulers):
             scheduler.load_state_dict(io.load_torch(os.path.join(folder, ckpt.scheduler_file(index))))
         for index, loader in enumerate(dataloaders):
             path = os.path.join(folder, ckpt.dataloader_file(index))
             if os.path.isfile(path):
                 loader.load_state_dict(io.load_torch(path))
-        if self.scaler is not None:
-            self.scaler.load_state_dict(io.load_torch(os.path.join(folder, "scaler.pt")))
+        if self.precision.state_dict() is not None:
+            self.precision.load_state_dict(io.load_torch(os.path.join(folder, ckpt.SCALER_NAME)))
         for index, obj in enumerate(self._custom_objects):
             obj.load_state_dict(io.load_torch(os.path.join(folder, ckpt.custom_file(index))))
         rng_path = os.path.join(folder, ckpt.rng_file(self.state.process_index))

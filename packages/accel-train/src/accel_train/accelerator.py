@@ -1,9 +1,12 @@
 """The ``Accelerator``: one object that adapts a PyTorch training loop to the launch configuration.
 
-It is a facade: mixed precision lives in :mod:`accel_train.precision`, model wrapping in
-:mod:`accel_train.strategy`, checkpoints in :mod:`accel_train.checkpointing` (through
-:class:`~accel_train._state_io.StateIOMixin`), collectives in :class:`~accel_train._process_ops.ProcessOpsMixin`
-and trackers in :class:`~accel_train._trackers.TrackersMixin`.
+It is a facade. :mod:`accel_train.connector` builds its three components from the arguments, the
+plugins and the environment the launcher wrote: a **strategy** (how models are spread over
+processes: :mod:`accel_train.strategies`), a **precision** (:mod:`accel_train.precisions`) and a
+**checkpoint I/O**. Every method below delegates to them, without branching on the backend.
+Checkpoints live in :class:`~accel_train._state_io.StateIOMixin`, collectives in
+:class:`~accel_train._process_ops.ProcessOpsMixin`, trackers in :class:`~accel_train._trackers.TrackersMixin`
+and the read-only attributes in :class:`~accel_train._attributes.AttributesMixin`.
 """
 
 from __future__ import annotations
@@ -11,88 +14,62 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from accel_data.config import DataLoaderConfiguration
 from accel_state import env_vars
 from accel_state.enums import PrecisionType, RNGType
 from accel_state.kwargs import InitProcessGroupKwargs, KwargsHandler
-from accel_state.state import AcceleratorState, GradientState
-from accel_train import strategy
+from accel_state.state import GradientState
+from accel_train import connector
 from accel_train._attributes import AttributesMixin
 from accel_train._process_ops import ProcessOpsMixin
 from accel_train._state_io import StateIOMixin
 from accel_train._trackers import TrackersMixin
-from accel_train.kwargs_handlers import (
-    AORecipeKwargs,
-    AutocastKwargs,
-    DistributedDataParallelKwargs,
-    FP8RecipeKwargs,
-    GradScalerKwargs,
-    MSAMPRecipeKwargs,
-    ProfileKwargs,
-    TERecipeKwargs,
-)
 from accel_train.optimizer import AcceleratedOptimizer
-from accel_train.parallel_plugins import (
-    DeepSpeedPlugin,
-    FullyShardedDataParallelPlugin,
-    MegatronLMPlugin,
-    not_available,
-)
 from accel_train.plugins import GradientAccumulationPlugin, ProjectConfiguration, TorchDynamoPlugin
-from accel_train.precision import Precision
 from accel_train.scheduler import AcceleratedScheduler
 
-__all__ = ["Accelerator"]
+if TYPE_CHECKING:
+    from accel_train.kwargs_handlers import (
+        AORecipeKwargs,
+        AutocastKwargs,
+        DistributedDataParallelKwargs,
+        FP8RecipeKwargs,
+        GradScalerKwargs,
+        MSAMPRecipeKwargs,
+        ProfileKwargs,
+        TERecipeKwargs,
+    )
+    from accel_train.parallel_plugins import FullyShardedDataParallelPlugin, MegatronLMPlugin
+
+__all__ = ["Accelerator", "DataLoaderConfiguration"]
 
 _UNSET: Any = object()
-_HANDLER_SLOTS = {
-    DistributedDataParallelKwargs: "ddp_handler",
-    GradScalerKwargs: "scaler_handler",
-    InitProcessGroupKwargs: "init_handler",
-    AutocastKwargs: "autocast_handler",
-    ProfileKwargs: "profile_handler",
-    FP8RecipeKwargs: "fp8_recipe_handler",
-    TERecipeKwargs: "te_recipe_handler",
-    MSAMPRecipeKwargs: "msamp_recipe_handler",
-    AORecipeKwargs: "ao_recipe_handler",
-}
 
 
-class _DataAPI:
-    """Names of accel-data, looked up on its package (lazy exports) or its modules."""
+def _prepared_loader_types() -> tuple[type, ...]:
+    from accel_data import DataLoaderDispatcher, DataLoaderShard
 
-    _MODULES = ("accel_data", "accel_data.data_loader", "accel_data.config", "accel_data.skip", "accel_data.loaders")
-
-    def __getattr__(self, name: str) -> Any:
-        import importlib
-
-        for module_name in self._MODULES:
-            try:
-                module = importlib.import_module(module_name)
-            except ImportError:
-                continue
-            try:
-                return getattr(module, name)
-            except AttributeError:
-                continue
-        raise AttributeError(f"accel-data does not provide {name!r} (needed by the Accelerator); install accel-data")
+    return (DataLoaderShard, DataLoaderDispatcher)
 
 
-def _data_module() -> Any:
-    return _DataAPI()
+def _is_wrapper(obj: Any) -> bool:
+    """An object that is already the prepared form of something (returned by ``prepare`` as is)."""
+    return isinstance(obj, (AcceleratedOptimizer, AcceleratedScheduler)) or (
+        isinstance(obj, torch.utils.data.DataLoader) and isinstance(obj, _prepared_loader_types())
+    )
 
 
-def _prepared_loader_types(data: Any) -> tuple[type, ...]:
-    types = []
-    for name in ("DataLoaderShard", "DataLoaderDispatcher"):
-        try:
-            types.append(getattr(data, name))
-        except AttributeError:
-            continue
-    return tuple(t for t in types if isinstance(t, type))
+def _is_scheduler(obj: Any) -> bool:
+    return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
+        hasattr(obj, "step")
+        and hasattr(obj, "optimizer")
+        and hasattr(obj, "state_dict")
+        and not isinstance(obj, (AcceleratedScheduler, torch.optim.Optimizer))
+    )
 
 
 class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin):
@@ -145,64 +122,25 @@ class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin)
         if project_dir is not None:
             self.project_configuration.set_directories(project_dir)
 
-        if mixed_precision is not None:
-            mixed_precision = PrecisionType.parse(mixed_precision).value  # clear error on a wrong value
-
-        # Kwargs handlers: one of each kind.
-        for name in _HANDLER_SLOTS.values():
-            setattr(self, name, None)
-        for handler in kwargs_handlers or []:
-            if not isinstance(handler, KwargsHandler):
-                raise TypeError(f"kwargs_handlers takes KwargsHandler objects, got {type(handler).__name__}")
-            slot: str | None = next((s for cls, s in _HANDLER_SLOTS.items() if type(handler) is cls), None)
-            if slot is None:
-                slot = next((s for cls, s in _HANDLER_SLOTS.items() if isinstance(handler, cls)), None)
-            if slot is None:
-                raise ValueError(f"unsupported kwargs handler {type(handler).__name__}")
-            if getattr(self, slot) is not None:
-                raise ValueError(f"you can only pass one {type(handler).__name__} in `kwargs_handlers`")
-            setattr(self, slot, handler)
-
-        # Parallelism plugins (validated now, refused at prepare time).
-        if deepspeed_plugins is not None and deepspeed_plugin is not None:
-            raise ValueError("give only one of `deepspeed_plugin` and `deepspeed_plugins` (they are aliases)")
-        deepspeed_plugin = deepspeed_plugin if deepspeed_plugin is not None else deepspeed_plugins
-        if deepspeed_plugin is None and env_vars.read("ACCELERATE_USE_DEEPSPEED"):
-            deepspeed_plugin = DeepSpeedPlugin()
-        if fsdp_plugin is None and env_vars.read("ACCELERATE_USE_FSDP"):
-            fsdp_plugin = FullyShardedDataParallelPlugin()
-        if megatron_lm_plugin is None and env_vars.read("ACCELERATE_USE_MEGATRON_LM"):
-            megatron_lm_plugin = MegatronLMPlugin()
-        for value, cls, name in (
-            (fsdp_plugin, FullyShardedDataParallelPlugin, "fsdp_plugin"),
-            (megatron_lm_plugin, MegatronLMPlugin, "megatron_lm_plugin"),
-        ):
-            if value is not None and not isinstance(value, cls):
-                raise TypeError(f"{name} must be a {cls.__name__}, got {type(value).__name__}")
-        if sum(p is not None for p in (deepspeed_plugin, fsdp_plugin, megatron_lm_plugin)) > 1:
-            raise ValueError("use only one of DeepSpeed, FSDP and Megatron-LM in one Accelerator")
-
-        # torch.compile.
-        if dynamo_plugin is not None and dynamo_backend is not None:
-            raise ValueError("give either `dynamo_backend` or `dynamo_plugin`, not both")
-        if dynamo_plugin is None:
-            dynamo_plugin = TorchDynamoPlugin(backend=dynamo_backend)
-        elif not isinstance(dynamo_plugin, TorchDynamoPlugin):
-            raise TypeError(f"dynamo_plugin must be a TorchDynamoPlugin, got {type(dynamo_plugin).__name__}")
-
-        init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
-        self.state = AcceleratorState(
+        components = connector.build(
             mixed_precision=mixed_precision,
             cpu=cpu,
-            dynamo_plugin=dynamo_plugin,
+            kwargs_handlers=kwargs_handlers,
             deepspeed_plugin=deepspeed_plugin,
+            deepspeed_plugins=deepspeed_plugins,
             fsdp_plugin=fsdp_plugin,
-            torch_tp_plugin=torch_tp_plugin,
             megatron_lm_plugin=megatron_lm_plugin,
+            torch_tp_plugin=torch_tp_plugin,
             parallelism_config=parallelism_config,
-            _from_accelerator=True,
-            **init_kwargs,
+            dynamo_backend=dynamo_backend,
+            dynamo_plugin=dynamo_plugin,
         )
+        for slot, handler in components.handlers.items():
+            setattr(self, slot, handler)
+        self.state = components.state
+        self._strategy = components.strategy
+        self.precision = components.precision
+        self.checkpoint_io = components.checkpoint_io
 
         # Gradient accumulation.
         if gradient_accumulation_plugin is not None:
@@ -222,7 +160,7 @@ class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin)
 
         # Data loaders.
         if dataloader_config is None:
-            dataloader_config = _data_module().DataLoaderConfiguration()
+            dataloader_config = DataLoaderConfiguration()
         if split_batches is not _UNSET:
             dataloader_config.split_batches = split_batches
         self.dataloader_config = dataloader_config
@@ -230,14 +168,6 @@ class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin)
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = rng_types if rng_types is not None else ["generator"]
-        self.precision = Precision(
-            self.state.mixed_precision,
-            self.state.device,
-            autocast_kwargs=self.autocast_handler,
-            scaler_kwargs=self.scaler_handler,
-        )
-        self.scaler = self.precision.scaler
-        self.native_amp = self.precision.native_amp
 
         self.step = 0
         self.flag_tensor: torch.Tensor | None = None
@@ -256,7 +186,9 @@ class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin)
     def prepare(self, *args: Any, device_placement: list[bool | None] | None = None) -> Any:
         """Prepare models, optimizers, data loaders and schedulers (any order and number).
 
-        Returns them in the same order (a single object when one was given).
+        Data loaders are prepared first; then the strategy sets up the models, optimizers and
+        schedulers of the call together. Returns them in the same order (a single object when one
+        was given).
         """
         if device_placement is None:
             device_placement = [None] * len(args)
@@ -264,116 +196,134 @@ class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin)
             raise ValueError(
                 f"device_placement has {len(device_placement)} entries but {len(args)} objects were passed to prepare"
             )
-        strategy.check_supported(self.distributed_type)
-        if self.parallelism_config is not None and not getattr(self.parallelism_config, "is_trivial", True):
-            raise not_available("Tensor / context / sharded data parallelism (parallelism_config)")
-        first = [self._prepare_first(obj, placement) for obj, placement in zip(args, device_placement)]
-        result = tuple(self._prepare_second(obj) for obj in first)
-        return result[0] if len(result) == 1 else result
+        result = list(args)
+        for index, obj in enumerate(args):
+            if isinstance(obj, torch.utils.data.DataLoader):
+                result[index] = self.prepare_data_loader(obj, device_placement=device_placement[index])
+        models = [i for i, obj in enumerate(args) if isinstance(obj, torch.nn.Module) and not _is_prepared(obj)]
+        optimizers = [
+            i
+            for i, obj in enumerate(args)
+            if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer)
+        ]
+        schedulers = [i for i, obj in enumerate(args) if _is_scheduler(obj) and not _is_prepared(obj)]
+        if models or optimizers or schedulers:
+            placements = [self._placement(device_placement[i]) for i in models]
+            for i in models:
+                self._check_device_map(args[i])
+            prepared = self._strategy.setup(
+                [args[i] for i in models],
+                [args[i] for i in optimizers],
+                [args[i] for i in schedulers],
+                device_placement=placements,
+            )
+            for i, model in zip(models, prepared.models):
+                result[i] = self._register_model(model)
+            for i, optimizer in zip(optimizers, prepared.optimizers):
+                result[i] = self._register_optimizer(optimizer, self._placement(device_placement[i]))
+            for i, scheduler in zip(schedulers, prepared.schedulers):
+                result[i] = self._register_scheduler(scheduler)
+        for index, obj in enumerate(args):  # objects prepared before: registered, returned as they are
+            if result[index] is obj and (_is_prepared(obj) or _is_wrapper(obj)):
+                self._remember(obj)
+        return result[0] if len(result) == 1 else tuple(result)
 
-    def _prepare_first(self, obj: Any, placement: bool | None) -> Any:
-        if isinstance(obj, torch.utils.data.DataLoader):
-            return self.prepare_data_loader(obj, device_placement=placement)
-        if isinstance(obj, torch.nn.Module):
-            return self.prepare_model(obj, device_placement=placement)
-        if isinstance(obj, torch.optim.Optimizer):
-            return self.prepare_optimizer(obj, device_placement=placement)
-        return obj
+    def _placement(self, value: bool | None) -> bool:
+        return self.device_placement if value is None else bool(value)
 
-    def _prepare_second(self, obj: Any) -> Any:
-        if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
-            hasattr(obj, "step")
-            and hasattr(obj, "optimizer")
-            and hasattr(obj, "state_dict")
-            and not isinstance(obj, (AcceleratedScheduler, torch.optim.Optimizer))
-        ):
-            return self.prepare_scheduler(obj)
-        return obj
-
-    def prepare_model(
-        self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
-    ) -> torch.nn.Module:
-        """Place the model, wrap it for DDP (not in ``evaluation_mode``), mixed precision and compile."""
-        strategy.check_supported(self.distributed_type)
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"prepare_model takes a torch.nn.Module, got {type(model).__name__}")
-        if device_placement is None:
-            device_placement = self.device_placement
-        self._models.append(model)
-        device_map = getattr(model, "hf_device_map", None)
-        if device_map is not None and self.verify_device_map(model) and self.use_distributed:
+    def _check_device_map(self, model: torch.nn.Module) -> None:
+        if getattr(model, "hf_device_map", None) is not None and self.verify_device_map(model) and self.use_distributed:
             raise ValueError(
                 "a model loaded with a device map spread over several devices (device_map='auto') cannot be "
                 "trained in a distributed run; load it on one device per process"
             )
-        if device_placement and device_map is None:
-            model = model.to(self.device)
-        self.precision.wrap_forward(strategy.unwrap(model))
-        distributed = strategy.uses_ddp(self.distributed_type) and self.num_processes > 1
-        if not evaluation_mode and distributed and strategy.has_trainable_parameters(model):
-            model = strategy.wrap_ddp(model, self.device, self.ddp_handler)
-        plugin = self.state.dynamo_plugin
-        if plugin is not None and plugin.enabled:
-            model = strategy.compile_model(model, plugin)
-        self._models[-1] = model
+
+    def _remember(self, obj: Any) -> None:
+        if isinstance(obj, torch.optim.Optimizer):
+            registry = self._optimizers
+        elif isinstance(obj, torch.nn.Module):
+            registry = self._models
+        elif isinstance(obj, torch.utils.data.DataLoader) or hasattr(obj, "batch_sampler"):
+            registry = self._dataloaders
+        else:
+            registry = self._schedulers
+        if not any(item is obj for item in registry):
+            registry.append(obj)
+
+    def _register_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        _mark_prepared(model)
+        self._models.append(model)
         return model
 
-    def prepare_optimizer(
-        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
-    ) -> AcceleratedOptimizer:
-        """Wrap the optimizer so it steps only on sync steps and drives the gradient scaler."""
-        strategy.check_supported(self.distributed_type)
-        if isinstance(optimizer, AcceleratedOptimizer):
-            if optimizer not in self._optimizers:
-                self._optimizers.append(optimizer)
-            return optimizer
-        if device_placement is None:
-            device_placement = self.device_placement
-        wrapped = AcceleratedOptimizer(optimizer, device_placement=device_placement, scaler=self.scaler)
+    def _register_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool) -> Any:
+        wrapped = self._strategy.wrap_optimizer(optimizer, device_placement)
+        _mark_prepared(wrapped)
         self._optimizers.append(wrapped)
         return wrapped
 
-    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
-        """Wrap the scheduler so it follows the optimizer's real steps."""
-        if isinstance(scheduler, AcceleratedScheduler):
-            if scheduler not in self._schedulers:
-                self._schedulers.append(scheduler)
-            return scheduler
-        optimizer: Any = self._optimizers
+    def _register_scheduler(self, scheduler: Any) -> Any:
+        optimizers: Any = self._optimizers
         for candidate in self._optimizers:
-            if getattr(scheduler, "optimizer", None) is candidate.optimizer:
-                optimizer = candidate
+            if getattr(scheduler, "optimizer", None) is getattr(candidate, "optimizer", candidate):
+                optimizers = candidate
                 break
-        wrapped = AcceleratedScheduler(
-            scheduler,
-            optimizer,
-            step_with_optimizer=self.step_scheduler_with_optimizer,
-            split_batches=self.split_batches,
+        wrapped = self._strategy.wrap_scheduler(
+            scheduler, optimizers, self.step_scheduler_with_optimizer, self.split_batches
         )
+        _mark_prepared(wrapped)
         self._schedulers.append(wrapped)
         return wrapped
+
+    def prepare_model(
+        self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
+        """Set the model up for the run: placed, converted for the precision, wrapped by the strategy
+        (not in ``evaluation_mode``), compiled when asked. A model prepared before is returned as is."""
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"prepare_model takes a torch.nn.Module, got {type(model).__name__}")
+        if _is_prepared(model):
+            return model
+        self._check_device_map(model)
+        prepared = self._strategy.setup([model], [], [], [self._placement(device_placement)], evaluation_mode)
+        return self._register_model(prepared.models[0])
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> Any:
+        """Wrap the optimizer so it steps only on sync steps, through the precision (gradient scaler)."""
+        if isinstance(optimizer, AcceleratedOptimizer):
+            self._remember(optimizer)
+            return optimizer
+        prepared = self._strategy.setup([], [optimizer], [], [])
+        return self._register_optimizer(prepared.optimizers[0], self._placement(device_placement))
+
+    def prepare_scheduler(self, scheduler: Any) -> Any:
+        """Wrap the scheduler so it follows the optimizer's real steps."""
+        if isinstance(scheduler, AcceleratedScheduler) or _is_prepared(scheduler):
+            self._remember(scheduler)
+            return scheduler
+        prepared = self._strategy.setup([], [], [scheduler], [])
+        return self._register_scheduler(prepared.schedulers[0])
 
     def prepare_data_loader(
         self, data_loader: Any, device_placement: bool | None = None, slice_fn_for_dispatch: Any = None
     ) -> Any:
-        """Shard the data loader over processes and move its batches to the device."""
-        data = _data_module()
-        if getattr(data_loader, "_is_accelerate_prepared", False) or any(
-            isinstance(data_loader, cls) for cls in _prepared_loader_types(data)
-        ):
-            if data_loader not in self._dataloaders:
-                self._dataloaders.append(data_loader)
+        """Shard the data loader over the data-parallel processes and move its batches to the device.
+
+        Processes that share a data-parallel rank (tensor or context parallel peers) get the same batches.
+        """
+        if _is_prepared(data_loader) or isinstance(data_loader, _prepared_loader_types()):
+            self._remember(data_loader)
             return data_loader
-        if device_placement is None:
-            device_placement = self.device_placement
+        from accel_data import prepare_data_loader
+
         config = self.dataloader_config
-        prepared = data.prepare_data_loader(
+        dims = self._strategy.parallel_dims
+        prepared = prepare_data_loader(
             data_loader,
             self.device,
-            num_processes=self.num_processes,
-            process_index=self.process_index,
+            num_processes=dims.data_parallel_size,
+            process_index=dims.data_parallel_rank,
             split_batches=self.split_batches,
-            put_on_device=device_placement,
+            put_on_device=self._placement(device_placement),
             rng_types=list(self.rng_types),
             dispatch_batches=config.dispatch_batches,
             even_batches=config.even_batches,
@@ -383,25 +333,21 @@ class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin)
             non_blocking=config.non_blocking,
             use_stateful_dataloader=self.use_stateful_dataloader,
         )
+        _mark_prepared(prepared)
         self._dataloaders.append(prepared)
         return prepared
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """A loader that starts after the first ``num_batches`` batches (to resume mid-epoch)."""
-        return _data_module().skip_first_batches(dataloader, num_batches=num_batches)
+        from accel_data import skip_first_batches
+
+        return skip_first_batches(dataloader, num_batches=num_batches)
 
     # -- backward, accumulation, synchronisation --------------------------------------------------
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``loss.backward()``, divided by the accumulation steps and scaled in fp16."""
-        steps = self.gradient_state.plugin_kwargs["num_steps"]
-        if steps != 1:
-            loss = loss / steps
-        scaler = self.scaler
-        if scaler is not None:
-            scaler.scale(loss).backward(**kwargs)
-        else:
-            loss.backward(**kwargs)
+        """Backward of ``loss``: divided by the accumulation steps, scaled by the precision, run by the strategy."""
+        self._strategy.backward(loss, self.gradient_state.plugin_kwargs["num_steps"], **kwargs)
 
     def _do_sync(self) -> None:
         gradient_state = self.gradient_state
@@ -421,67 +367,61 @@ class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin)
             return
         with contextlib.ExitStack() as stack:
             for model in models:
-                stack.enter_context(strategy.no_sync(model))
+                stack.enter_context(self._strategy.no_sync(model))
             yield
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module | None = None) -> Iterator[None]:
-        """Skip DDP's gradient all-reduce inside the block (no-op outside DDP)."""
+        """Keep gradients local inside the block (no all-reduce / reduce-scatter); no-op in one process."""
         models = [model] if model is not None else list(self._models)
         if not self.state.use_distributed:
             yield
             return
         with contextlib.ExitStack() as stack:
             for each in models:
-                stack.enter_context(strategy.no_sync(each))
+                stack.enter_context(self._strategy.no_sync(each))
             yield
 
     @contextlib.contextmanager
     def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
-        """Make the next backward of ``model`` all-reduce gradients, even inside :meth:`no_sync`."""
-        inner = model._orig_mod if strategy.is_compiled(model) else model
-        if not self.state.use_distributed or not isinstance(inner, torch.nn.parallel.DistributedDataParallel):
+        """Make the next backward of ``model`` synchronise gradients, even inside :meth:`no_sync`."""
+        if not self.state.use_distributed:
             yield
             return
-        old_backward, old_forward = inner.require_backward_grad_sync, inner.require_forward_param_sync
-        inner.require_backward_grad_sync = True
-        inner.require_forward_param_sync = True
-        inner.reducer.prepare_for_backward([])
-        try:
+        with self._strategy.force_sync(model):
             yield
-        finally:
-            inner.require_backward_grad_sync = old_backward
-            inner.require_forward_param_sync = old_forward
 
     @contextlib.contextmanager
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Iterator[None]:
-        """Mixed-precision autocast for the block (nothing when precision is ``no``)."""
-        with self.precision.autocast(autocast_handler):
+        """The precision's forward context for the block (nothing in full precision)."""
+        with self.precision.forward_context(autocast_handler):
             yield
+
+    @property
+    def scaler(self) -> Any:
+        """The fp16 gradient scaler (owned by the precision; ``None`` otherwise)."""
+        return self.precision.scaler
+
+    @property
+    def native_amp(self) -> bool:
+        return self.precision.native_amp
+
+    def _optimizer_list(self, optimizer: Any) -> list[Any]:
+        if optimizer is None:
+            return list(self._optimizers)
+        return list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
         """Divide fp16-scaled gradients by the scale (no-op without a gradient scaler)."""
-        if self.scaler is None:
-            return
-        optimizers = self._optimizers if optimizer is None else optimizer
-        if not isinstance(optimizers, (list, tuple)):
-            optimizers = [optimizers]
-        for opt in optimizers:
-            while isinstance(opt, AcceleratedOptimizer):
-                opt = opt.optimizer
-            self.scaler.unscale_(opt)
+        self._strategy.unscale_gradients(self._optimizer_list(optimizer))
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
-        """``torch.nn.utils.clip_grad_norm_`` after unscaling fp16 gradients; returns the total norm."""
-        parameters = list(parameters)
-        self.unscale_gradients()
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        """Clip gradients by their total norm, over shards when sharded, after unscaling; returns the norm."""
+        return self._strategy.clip_grad_norm_(parameters, max_norm, norm_type, self._optimizers)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """``torch.nn.utils.clip_grad_value_`` after unscaling fp16 gradients."""
-        parameters = list(parameters)
-        self.unscale_gradients()
-        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+        self._strategy.clip_grad_value_(parameters, clip_value, self._optimizers)
 
     def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
         """Fused backward and update of LOMO / AdaLomo optimizers (``pip install lomo-optim``)."""
@@ -502,12 +442,10 @@ class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin)
 
     @contextlib.contextmanager
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
-        """Train on uneven per-process inputs under DDP (``torch.distributed.algorithms.Join``)."""
-        if not (self.use_distributed and strategy.uses_ddp(self.distributed_type)):
+        """Train on uneven per-process inputs (``torch.distributed.algorithms.Join`` under DDP)."""
+        if not self.use_distributed:
             yield
             return
-        from torch.distributed.algorithms import Join
-
         saved: list[tuple[Any, bool]] = []
         if even_batches is not None:
             for loader in self._dataloaders:
@@ -516,7 +454,7 @@ class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin)
                     saved.append((sampler, sampler.even_batches))
                     sampler.even_batches = even_batches
         try:
-            with Join(joinables):
+            with self._strategy.join(joinables):
                 yield
         finally:
             for sampler, value in saved:
@@ -527,14 +465,15 @@ class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin)
     def unwrap_model(
         self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
     ) -> torch.nn.Module:
-        """The user's model from inside the DDP / compile / mixed-precision wrappers."""
-        return strategy.unwrap(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
+        """The user's model from inside the strategy / compile / mixed-precision wrappers."""
+        return self._strategy.unwrap_model(
+            model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile
+        )
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
-        """The model's state dict (of the unwrapped model by default)."""
-        if unwrap:
-            model = self.unwrap_model(model, keep_torch_compile=False)
-        return model.state_dict()
+        """The model's full state dict: gathered from every rank when sharded (call it on every rank),
+        offloaded weights read back."""
+        return self._strategy.model_state_dict(model, unwrap=unwrap)
 
     def verify_device_map(self, model: torch.nn.Module) -> bool:
         """True when the model (or a submodule) was dispatched over several devices by a device map."""
@@ -560,6 +499,8 @@ class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin)
     @contextlib.contextmanager
     def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:
         """Profile the block with ``torch.profiler``; writes ``profile_{rank}.json`` to ``output_trace_dir``."""
+        from accel_train.kwargs_handlers import ProfileKwargs
+
         handler = profile_handler or self.profile_handler or ProfileKwargs()
         with handler.build() as profiler:
             yield profiler
@@ -576,8 +517,22 @@ class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin)
     def maybe_context_parallel(
         self, buffers: Any = None, buffer_seq_dims: Any = None, no_restore_buffers: Any = None
     ) -> Iterator[None]:
-        """Context parallelism needs FSDP2 with ``cp_size > 1``; without it this does nothing."""
-        yield
+        """Shard ``buffers`` along their sequence dimension over the context-parallel ranks inside the
+        block (the strategy's context parallelism); without context parallelism this does nothing."""
+        with self._strategy.context_parallel(buffers, buffer_seq_dims, no_restore_buffers):
+            yield
 
     def __repr__(self) -> str:
         return f"Accelerator(distributed_type={self.distributed_type}, num_processes={self.num_processes}, mixed_precision={self.mixed_precision!r}, device={self.device})"
+
+
+def _is_prepared(obj: Any) -> bool:
+    return bool(getattr(obj, "_is_accelerate_prepared", False))
+
+
+def _mark_prepared(obj: Any) -> None:
+    """Flag an object as prepared (the documented ``_is_accelerate_prepared`` attribute)."""
+    try:
+        obj._is_accelerate_prepared = True
+    except (AttributeError, TypeError):
+        pass

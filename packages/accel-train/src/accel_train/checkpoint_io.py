@@ -254,3 +254,39 @@ def read_manifest(folder: str) -> dict[str, Any] | None:
     if not isinstance(data, dict):
         raise ValueError(f"{path} is not a valid accel checkpoint manifest")
     return data
+
+
+# -- the object strategies write through ---------------------------------------------------------------
+
+
+class CheckpointIO:
+    """Reads and writes one file of a checkpoint in the formats above; never unpickles code.
+
+    Strategies decide *what* goes into a checkpoint (a full state dict on the writing process, or
+    shards from every process); this object decides *how* a file is written and read. A backend with
+    its own on-disk format (DCP folders, ZeRO shards) subclasses it.
+    """
+
+    def save_weights(self, state_dict: Mapping[str, Any], path: str, safe_serialization: bool = True) -> None:
+        """Model weights as safetensors (tied tensors once) or a ``torch.save`` zip."""
+        save_weights(state_dict, path, safe_serialization)
+
+    def load_weights(self, path: str, device: Any = "cpu") -> dict[str, torch.Tensor]:
+        return load_weights(path, device)
+
+    def load_into_model(self, model: torch.nn.Module, state_dict: dict[str, Any], path: str, strict: bool) -> None:
+        """Load ``state_dict`` into ``model``, every missing or unexpected key named."""
+        load_into_model(model, state_dict, path, strict=strict)
+
+    def save_object(self, obj: Any, path: str) -> None:
+        """A state dict of plain values and tensors (optimizer, scheduler, loader, scaler ...)."""
+        save_torch(obj, path)
+
+    def load_object(self, path: str, map_location: Any = "cpu") -> Any:
+        return load_torch(path, map_location=map_location)
+
+    def save_rng(self, path: str) -> None:
+        save_rng(path)
+
+    def load_rng(self, path: str) -> None:
+        load_rng(path)

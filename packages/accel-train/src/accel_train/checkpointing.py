@@ -170,7 +170,8 @@ def _indices(entries: list[str], pattern: str) -> dict[int, str]:
     for entry in entries:
         match = regex.match(entry)
         if match:
-            out[int(match.group(1) or 0)] = entry
+            index = next((group for group in match.groups() if group is not None), None)
+            out[int(index or 0)] = entry
     return out
 
 
@@ -185,15 +186,31 @@ def check_contents(
     process_index: int,
     num_processes: int,
     manifest: dict[str, Any] | None,
+    layout: dict[str, Any] | None = None,
 ) -> list[str]:
-    """Model files by index; raise :class:`CheckpointMismatchError` listing what is missing or extra."""
+    """Model entries by index; raise :class:`CheckpointMismatchError` listing what is missing or extra.
+
+    ``layout`` maps ``"model"`` / ``"optimizer"`` to the strategy's :class:`CheckpointEntry` (pattern
+    and name of each entry); without it the documented single-file names are expected.
+    """
     entries = os.listdir(folder)
-    safe = _indices(entries, r"^model(?:_(\d+))?\.safetensors$")
-    unsafe = _indices(entries, r"^pytorch_model(?:_(\d+))?\.bin$")
-    models = {**unsafe, **safe}
+    if layout is not None and "model" in layout:
+        models = _indices(entries, layout["model"].pattern)
+        model_namer = layout["model"].name
+    else:
+        safe = _indices(entries, r"^model(?:_(\d+))?\.safetensors$")
+        unsafe = _indices(entries, r"^pytorch_model(?:_(\d+))?\.bin$")
+        models = {**unsafe, **safe}
+        model_namer = lambda i: model_file(i, True)  # noqa: E731
+    if layout is not None and "optimizer" in layout:
+        optimizers = _indices(entries, layout["optimizer"].pattern)
+        optimizer_namer = layout["optimizer"].name
+    else:
+        optimizers = _indices(entries, r"^optimizer(?:_(\d+))?\.bin$")
+        optimizer_namer = optimizer_file
     groups = {
-        "model": (models, num_models, lambda i: model_file(i, True)),
-        "optimizer": (_indices(entries, r"^optimizer(?:_(\d+))?\.bin$"), num_optimizers, optimizer_file),
+        "model": (models, num_models, model_namer),
+        "optimizer": (optimizers, num_optimizers, optimizer_namer),
         "scheduler": (_indices(entries, r"^scheduler(?:_(\d+))?\.bin$"), num_schedulers, scheduler_file),
         "custom object": (_indices(entries, r"^custom_checkpoint_(\d+)\.pkl$"), num_custom, custom_file),
     }

@@ -10,7 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from accel_state.enums import AmaxComputeAlgorithm, FP8BackendType, FP8Format, MSAMPOptLevel
+from accel_state.environment import str_to_bool
 from accel_state.kwargs import InitProcessGroupKwargs, KwargsHandler
+from accel_train.plugin_env import fill_from_env
 
 __all__ = [
     "AORecipeKwargs",
@@ -239,13 +242,30 @@ class ProfileKwargs(KwargsHandler):
         )
 
 
-_FP8_FORMATS = (None, "HYBRID", "E4M3", "E5M2")
-_AMAX_ALGOS = (None, "max", "most_recent")
+_FP8_FORMATS = (None, *FP8Format.list())
+_AMAX_ALGOS = (None, *AmaxComputeAlgorithm.list())
+_OPT_LEVELS = (None, *MSAMPOptLevel.list())
+
+
+def _bool_triple(value: Any) -> tuple[bool, bool, bool] | None:
+    """Three booleans from a tuple/list, or a single boolean meaning all three."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return (value, value, value)
+    items = [str_to_bool(v) if isinstance(v, str) else bool(v) for v in value]
+    if len(items) != 3:
+        raise ValueError("override_linear_precision needs three booleans (fprop, dgrad, wgrad)")
+    return (items[0], items[1], items[2])
 
 
 @dataclass
 class TERecipeKwargs(KwargsHandler):
-    """FP8 recipe for TransformerEngine (used through accel-quant; needs ``transformer-engine``)."""
+    """FP8 recipe for TransformerEngine (used through accel-quant; needs ``transformer-engine``).
+
+    Fields left ``None`` take the ``ACCELERATE_FP8_*`` values the launcher wrote, else the documented
+    defaults (HYBRID format, margin 0, interval 1, amax history 1024, ``most_recent``).
+    """
 
     use_autocast_during_eval: bool | None = None
     margin: int | None = None
@@ -257,46 +277,90 @@ class TERecipeKwargs(KwargsHandler):
     use_mxfp8_block_scaling: bool | None = None
 
     def __post_init__(self) -> None:
+        fill_from_env(
+            self,
+            {
+                "use_autocast_during_eval": ("ACCELERATE_FP8_USE_AUTOCAST_DURING_EVAL", False),
+                "margin": ("ACCELERATE_FP8_MARGIN", 0),
+                "interval": ("ACCELERATE_FP8_INTERVAL", 1),
+                "fp8_format": ("ACCELERATE_FP8_FORMAT", "HYBRID"),
+                "amax_history_len": ("ACCELERATE_FP8_AMAX_HISTORY_LEN", 1024),
+                "amax_compute_algo": ("ACCELERATE_FP8_AMAX_COMPUTE_ALGO", "most_recent"),
+                "override_linear_precision": ("ACCELERATE_FP8_OVERRIDE_LINEAR_PRECISION", (False, False, False)),
+            },
+        )
+        if self.use_mxfp8_block_scaling is None:
+            self.use_mxfp8_block_scaling = False
         if self.fp8_format is not None:
             self.fp8_format = str(self.fp8_format).upper()
         _choice(type(self).__name__, "fp8_format", self.fp8_format, _FP8_FORMATS)
         _choice(type(self).__name__, "amax_compute_algo", self.amax_compute_algo, _AMAX_ALGOS)
-        if self.override_linear_precision is not None and len(tuple(self.override_linear_precision)) != 3:
+        try:
+            self.override_linear_precision = _bool_triple(self.override_linear_precision)
+        except ValueError:
             raise ValueError(
                 f"{type(self).__name__}.override_linear_precision needs three booleans (fprop, dgrad, wgrad)"
-            )
+            ) from None
 
 
 @dataclass
 class MSAMPRecipeKwargs(KwargsHandler):
-    """FP8 recipe for MS-AMP (``opt_level`` O1 or O2)."""
+    """FP8 recipe for MS-AMP (``opt_level`` O1 or O2; ``ACCELERATE_FP8_OPT_LEVEL``, else O2)."""
 
     opt_level: str | None = None
 
     def __post_init__(self) -> None:
-        _choice("MSAMPRecipeKwargs", "opt_level", self.opt_level, (None, "O1", "O2"))
+        fill_from_env(self, {"opt_level": ("ACCELERATE_FP8_OPT_LEVEL", "O2")})
+        _choice("MSAMPRecipeKwargs", "opt_level", self.opt_level, _OPT_LEVELS)
 
 
 @dataclass
 class AORecipeKwargs(KwargsHandler):
-    """FP8 recipe for torchao (``Float8LinearConfig`` and a module filter)."""
+    """FP8 recipe for torchao (``Float8LinearConfig`` and a module filter).
+
+    ``pad_inner_dim`` and ``enable_fsdp_float8_all_gather`` left ``None`` take the launcher's
+    ``ACCELERATE_FP8_PAD_INNER_DIM`` / ``ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER`` (default true).
+    """
 
     config: Any = None
     module_filter_func: Callable | None = None
     pad_inner_dim: bool | None = None
     enable_fsdp_float8_all_gather: bool | None = None
 
+    def __post_init__(self) -> None:
+        fill_from_env(
+            self,
+            {
+                "pad_inner_dim": ("ACCELERATE_FP8_PAD_INNER_DIM", True),
+                "enable_fsdp_float8_all_gather": ("ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER", True),
+            },
+        )
+
 
 @dataclass
 class FP8RecipeKwargs(TERecipeKwargs):
-    """Deprecated umbrella FP8 recipe: ``backend`` picks TransformerEngine (``TE``) or ``MSAMP``."""
+    """Deprecated umbrella FP8 recipe: ``backend`` picks TransformerEngine (``TE``), ``MSAMP`` or ``AO``.
+
+    ``optimization_level`` is the documented spelling of ``opt_level``.
+    """
 
     opt_level: str | None = None
     backend: str | None = None
+    optimization_level: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.optimization_level is not None:
+            if self.opt_level is not None and self.opt_level != self.optimization_level:
+                raise ValueError(
+                    f"FP8RecipeKwargs: opt_level={self.opt_level!r} and optimization_level="
+                    f"{self.optimization_level!r} disagree; give one"
+                )
+            self.opt_level = self.optimization_level
+        fill_from_env(
+            self, {"backend": ("ACCELERATE_FP8_BACKEND", None), "opt_level": ("ACCELERATE_FP8_OPT_LEVEL", None)}
+        )
         if self.backend is not None:
             self.backend = str(self.backend).upper()
-        _choice("FP8RecipeKwargs", "backend", self.backend, (None, "TE", "MSAMP"))
-        _choice("FP8RecipeKwargs", "opt_level", self.opt_level, (None, "O1", "O2"))
+        _choice("FP8RecipeKwargs", "backend", self.backend, (None, *(b for b in FP8BackendType.list() if b != "NO")))
+        _choice("FP8RecipeKwargs", "opt_level", self.opt_level, _OPT_LEVELS)

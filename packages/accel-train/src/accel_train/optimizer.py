@@ -15,8 +15,6 @@ from accel_state.state import GradientState
 
 __all__ = ["AcceleratedOptimizer"]
 
-_MISSING = object()
-
 
 class AcceleratedOptimizer(torch.optim.Optimizer):
     """Wraps ``optimizer``; behaves like it, stepping only on sync steps.
@@ -24,16 +22,23 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     Args:
         optimizer: the optimizer to wrap.
         device_placement: move the optimizer's state to the device of the run.
-        scaler: the ``torch.amp.GradScaler`` of fp16 training, if any.
+        scaler: the ``torch.amp.GradScaler`` of fp16 training, if any (without ``precision``).
+        precision: the Accelerator's precision, which steps the optimizer (and owns the scaler).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, device_placement: bool = True, scaler: Any = None) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        device_placement: bool = True,
+        scaler: Any = None,
+        precision: Any = None,
+    ) -> None:
         self.optimizer = optimizer
-        self.scaler = scaler
+        self.precision = precision
+        self.scaler = scaler if precision is None else precision.scaler
         self.gradient_state = GradientState()
         self.device_placement = device_placement
         self._is_overflow = False
-        self._step_called = False
         if device_placement and optimizer.state:
             from accel_state.state import AcceleratorState
 
@@ -94,28 +99,14 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         """Update the parameters on sync steps; with a scaler, skip the update on overflow."""
         if not self.gradient_state.sync_gradients:
             return None
+        if self.precision is not None:
+            result, self._is_overflow = self.precision.optimizer_step(self.optimizer, closure)
+            return result
         if self.scaler is None:
             return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
-        self._step_called = False
-        inner_step = self.optimizer.step
+        from accel_train.precisions.base import scaled_step
 
-        def flagged_step(*args: Any, **kwargs: Any) -> Any:
-            self._step_called = True
-            return inner_step(*args, **kwargs)
-
-        previous = self.optimizer.__dict__.get("step", _MISSING)
-        self.optimizer.step = flagged_step  # type: ignore[method-assign]
-        try:
-            result = (
-                self.scaler.step(self.optimizer, closure) if closure is not None else self.scaler.step(self.optimizer)
-            )
-            self.scaler.update()
-        finally:
-            if previous is _MISSING:
-                del self.optimizer.step
-            else:
-                self.optimizer.step = previous  # type: ignore[method-assign]
-        self._is_overflow = not self._step_called
+        result, self._is_overflow = scaled_step(self.scaler, self.optimizer, closure)
         return result
 
     @property

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from accel_state.enums import FSDPShardingStrategy
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported at run time: `accel --help` stays fast
     from typing import Any
@@ -17,7 +19,7 @@ if TYPE_CHECKING:  # typing is not imported at run time: `accel --help` stays fa
 DESCRIPTION = "Convert the FSDP1 settings of a config file to FSDP2."
 
 _RESHARD = {"FULL_SHARD": True, "HYBRID_SHARD": True, "SHARD_GRAD_OP": False, "HYBRID_SHARD_ZERO2": False}
-_NUMBERED = ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"]
+_NUMBERED = FSDPShardingStrategy.list()
 _DROPPED = (
     "fsdp_backward_prefetch",
     "fsdp_backward_prefetch_policy",

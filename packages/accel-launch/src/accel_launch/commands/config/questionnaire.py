@@ -11,7 +11,26 @@ from typing import Any
 
 from accel_launch.commands.config.config_args import ClusterConfig, SageMakerConfig, config_from_dict
 from accel_launch.commands.config.prompts import ask_bool, ask_choice, ask_float, ask_int, ask_text
-from accel_state.enums import DynamoBackend
+from accel_state.enums import (
+    DynamoBackend,
+    FP8BackendType,
+    FSDPAutoWrapPolicy,
+    FSDPBackwardPrefetch,
+    FSDPShardingStrategy,
+    FSDPStateDictType,
+    OffloadDevice,
+)
+
+# The question offers the sharded state dict first (the documented questionnaire's order).
+_STATE_DICT_TYPES = [
+    str(t)
+    for t in (
+        FSDPStateDictType.SHARDED_STATE_DICT,
+        FSDPStateDictType.FULL_STATE_DICT,
+        FSDPStateDictType.LOCAL_STATE_DICT,
+    )
+]
+_FP8_BACKENDS = [b.lower() for b in FP8BackendType.list() if b != "NO"]
 
 MACHINE_TYPES = [
     "No distributed training",
@@ -72,11 +91,11 @@ def _deepspeed_questions(num_machines: int) -> dict[str, Any]:
             "What should be your DeepSpeed's ZeRO optimization stage?", ["0", "1", "2", "3"], [0, 1, 2, 3], default=2
         )
         if ds["zero_stage"] >= 2:
-            ds["offload_optimizer_device"] = ask_choice("Where to offload optimizer states?", ["none", "cpu", "nvme"])
+            ds["offload_optimizer_device"] = ask_choice("Where to offload optimizer states?", OffloadDevice.list())
             if ds["offload_optimizer_device"] == "nvme":
                 ds["offload_optimizer_nvme_path"] = ask_text("Nvme Path to offload optimizer states?", "/nvme")
         if ds["zero_stage"] == 3:
-            ds["offload_param_device"] = ask_choice("Where to offload parameters?", ["none", "cpu", "nvme"])
+            ds["offload_param_device"] = ask_choice("Where to offload parameters?", OffloadDevice.list())
             if ds["offload_param_device"] == "nvme":
                 ds["offload_param_nvme_path"] = ask_text("Nvme Path to offload parameters?", "/nvme")
         ds["gradient_accumulation_steps"] = ask_int(
@@ -119,14 +138,12 @@ def _fsdp_questions() -> dict[str, Any]:
     if fsdp["fsdp_version"] == 1:
         fsdp["fsdp_sharding_strategy"] = ask_choice(
             "What should be your sharding strategy?",
-            ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"],
+            FSDPShardingStrategy.list(),
         )
     else:
         fsdp["fsdp_reshard_after_forward"] = ask_bool("Do you want to enable resharding after forward?", True)
     fsdp["fsdp_offload_params"] = ask_bool("Do you want to offload parameters and gradients to CPU?", False)
-    policy = ask_choice(
-        "What should be your auto wrap policy?", ["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
-    )
+    policy = ask_choice("What should be your auto wrap policy?", FSDPAutoWrapPolicy.list())
     fsdp["fsdp_auto_wrap_policy"] = policy
     if policy == "TRANSFORMER_BASED_WRAP":
         if not ask_bool(
@@ -141,13 +158,11 @@ def _fsdp_questions() -> dict[str, Any]:
         )
     if fsdp["fsdp_version"] == 1:
         fsdp["fsdp_backward_prefetch"] = ask_choice(
-            "What should be your FSDP's backward prefetch policy?", ["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]
+            "What should be your FSDP's backward prefetch policy?", FSDPBackwardPrefetch.list()
         )
         fsdp["fsdp_forward_prefetch"] = ask_bool("Do you want to enable FSDP's forward prefetch policy?", False)
         fsdp["fsdp_use_orig_params"] = ask_bool("Do you want to enable FSDP's `use_orig_params` feature?", True)
-    fsdp["fsdp_state_dict_type"] = ask_choice(
-        "What should be your FSDP's state dict type?", ["SHARDED_STATE_DICT", "FULL_STATE_DICT", "LOCAL_STATE_DICT"]
-    )
+    fsdp["fsdp_state_dict_type"] = ask_choice("What should be your FSDP's state dict type?", _STATE_DICT_TYPES)
     fsdp["fsdp_cpu_ram_efficient_loading"] = ask_bool(
         "Do you want each individually wrapped FSDP unit to broadcast module parameters from rank 0 at the start (CPU RAM efficient loading)?",
         True,
@@ -188,7 +203,7 @@ def _mixed_precision(config: dict[str, Any]) -> None:
     precision = ask_choice("Do you wish to use mixed precision?", ["no", "fp16", "bf16", "fp8"])
     config["mixed_precision"] = precision
     if precision == "fp8" and config.get("distributed_type") != "DEEPSPEED":
-        backend = ask_choice("Which FP8 backend do you want to use?", ["te", "msamp", "ao"])
+        backend = ask_choice("Which FP8 backend do you want to use?", _FP8_BACKENDS)
         fp8: dict[str, Any] = {"backend": backend}
         if backend == "te":
             fp8["fp8_format"] = ask_choice("Which weight format should be used?", ["HYBRID", "E4M3"])

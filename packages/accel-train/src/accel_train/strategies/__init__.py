@@ -1,0 +1,104 @@
+"""Strategies: how a model is spread over processes, one module each, registered by name.
+
+A strategy is found by name through :data:`STRATEGIES` (``name -> "module:Class"``), so its module,
+and the backend library behind it, is imported only when a run uses it. Adding a backend is one
+module under this package plus one line in the table (or a call to :func:`register_strategy` from
+outside the package). The connector (:mod:`accel_train.connector`) picks the name from the launch
+configuration with :func:`strategy_name`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from accel_state.enums import DistributedType
+
+if TYPE_CHECKING:
+    from accel_train.strategies.base import Strategy
+
+__all__ = ["STRATEGIES", "DDP_TYPES", "register_strategy", "strategy_class", "strategy_name"]
+
+#: Registered strategies: name -> ``"module:Class"`` (imported on first use).
+STRATEGIES: dict[str, str] = {
+    "single_device": "accel_train.strategies.single_device:SingleDeviceStrategy",
+    "ddp": "accel_train.strategies.ddp:DDPStrategy",
+}
+
+#: Documented backends whose strategy is not registered: what to tell the user.
+_NOT_YET: dict[str, str] = {
+    "fsdp": "FSDP (fsdp_plugin)",
+    "deepspeed": "DeepSpeed (deepspeed_plugin)",
+    "megatron_lm": "Megatron-LM (megatron_lm_plugin)",
+    "xla": "XLA / TPU training",
+    "nd_parallel": "Tensor / context / sharded data parallelism (parallelism_config)",
+}
+
+#: Distributed types run by replicating the model on every process (DistributedDataParallel).
+DDP_TYPES = frozenset(
+    {
+        DistributedType.MULTI_CPU,
+        DistributedType.MULTI_GPU,
+        DistributedType.MULTI_NPU,
+        DistributedType.MULTI_MLU,
+        DistributedType.MULTI_SDAA,
+        DistributedType.MULTI_MUSA,
+        DistributedType.MULTI_XPU,
+        DistributedType.MULTI_HPU,
+    }
+)
+
+_BY_TYPE = {
+    DistributedType.NO: "single_device",
+    DistributedType.FSDP: "fsdp",
+    DistributedType.DEEPSPEED: "deepspeed",
+    DistributedType.MEGATRON_LM: "megatron_lm",
+    DistributedType.XLA: "xla",
+}
+
+
+def strategy_name(distributed_type: DistributedType, parallelism_config: Any = None) -> str:
+    """The registered name of the strategy that runs ``distributed_type``.
+
+    A ``ParallelismConfig`` with tensor, context or sharded-data dimensions asks for the ND-parallel
+    strategy whatever the distributed type.
+    """
+    if parallelism_config is not None and not getattr(parallelism_config, "is_trivial", True):
+        return "nd_parallel"
+    if distributed_type in DDP_TYPES:
+        return "ddp"
+    return _BY_TYPE.get(distributed_type, str(distributed_type).lower())
+
+
+def register_strategy(name: str, target: str | type[Strategy], replace: bool = False) -> None:
+    """Register a strategy class (or its ``"module:Class"`` path) under ``name``."""
+    if name in STRATEGIES and not replace:
+        raise ValueError(f"a strategy named {name!r} is already registered ({STRATEGIES[name]}); pass replace=True")
+    if isinstance(target, type):
+        _LOADED[name] = target
+        STRATEGIES[name] = f"{target.__module__}:{target.__qualname__}"
+    else:
+        if ":" not in target:
+            raise ValueError(f"strategy target must be 'module:Class', got {target!r}")
+        _LOADED.pop(name, None)
+        STRATEGIES[name] = target
+
+
+_LOADED: dict[str, type] = {}
+
+
+def strategy_class(name: str) -> type[Strategy]:
+    """The class registered under ``name``; a clear error for a documented backend not built yet."""
+    if name in _LOADED:
+        return _LOADED[name]
+    target = STRATEGIES.get(name)
+    if target is None:
+        from accel_train.parallel_plugins import not_available
+
+        if name in _NOT_YET:
+            raise not_available(_NOT_YET[name])
+        raise KeyError(f"no strategy named {name!r}; registered: {sorted(STRATEGIES)}")
+    module_name, _, class_name = target.partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    _LOADED[name] = cls
+    return cls

@@ -1,0 +1,345 @@
+"""The strategy base class: one process per model replica, nothing sharded.
+
+A strategy owns everything that depends on how a model is spread over processes:
+
+- **set-up** of the models, optimizers and schedulers of one ``prepare`` call *together*
+  (:meth:`Strategy.setup`), so that a backend can wrap a model and then rebind its optimizer, or
+  initialise all three in one call;
+- the **training step**: :meth:`backward`, :meth:`no_sync` for gradient accumulation,
+  :meth:`clip_grad_norm_` over (possibly sharded) gradients, the wrappers of optimizers and
+  schedulers;
+- **state**: unwrapping, full state dicts of models and optimizers (every rank takes part when
+  :attr:`is_sharded`), and the model/optimizer entries of ``save_state`` checkpoints;
+- the **facts** the Accelerator reports: device mesh, data/tensor/context parallel ranks and sizes.
+
+The base class is also the single-device behaviour; subclasses override only what differs. The
+precision (:mod:`accel_train.precisions`) and the checkpoint I/O are given to the strategy by the
+connector; the strategy calls the precision's hooks and never looks at the mixed-precision mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from accel_train.precisions.base import Precision
+from accel_train.wrappers import compile_model, unwrap_model
+
+if TYPE_CHECKING:
+    from accel_train.checkpoint_io import CheckpointIO
+
+__all__ = ["CheckpointEntry", "ParallelDims", "Prepared", "Strategy"]
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Sizes and this process's ranks along each parallel dimension (1 / 0 where unused)."""
+
+    dp_replicate_size: int = 1
+    dp_shard_size: int = 1
+    tp_size: int = 1
+    cp_size: int = 1
+    dp_replicate_rank: int = 0
+    dp_shard_rank: int = 0
+    tp_rank: int = 0
+    cp_rank: int = 0
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.dp_replicate_size * self.dp_shard_size
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return self.dp_replicate_rank * self.dp_shard_size + self.dp_shard_rank
+
+
+@dataclass
+class Prepared:
+    """The models, optimizers and schedulers of one ``prepare`` call, in the order given."""
+
+    models: list[Any]
+    optimizers: list[Any]
+    schedulers: list[Any]
+
+
+@dataclass(frozen=True)
+class CheckpointEntry:
+    """How one kind of object (models, optimizers) appears in a checkpoint folder.
+
+    ``pattern`` is a regular expression over folder entries whose first group is the index (empty
+    for index 0); ``name(index)`` gives the entry written for that index.
+    """
+
+    pattern: str
+    name: Callable[[int], str]
+
+
+class Strategy:
+    """One device per process, no wrapping: the behaviour of a single-process run."""
+
+    #: Registered name (see :mod:`accel_train.strategies`).
+    name: ClassVar[str] = "single_device"
+    #: Model and optimizer state is split over processes: every rank takes part in state dicts.
+    is_sharded: ClassVar[bool] = False
+    #: ``optimizer.step`` / ``zero_grad`` of the prepared optimizer are driven by the backend.
+    backend_steps_optimizer: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        state: Any,
+        precision: Precision,
+        checkpoint_io: CheckpointIO | None = None,
+        handlers: dict[str, Any] | None = None,
+    ) -> None:
+        self.state = state
+        self.precision = precision
+        self._checkpoint_io = checkpoint_io
+        self.handlers = handlers or {}
+
+    @property
+    def checkpoint_io(self) -> CheckpointIO:
+        """The object that writes and reads checkpoint files (built on first use)."""
+        if self._checkpoint_io is None:
+            from accel_train.checkpoint_io import CheckpointIO
+
+            self._checkpoint_io = CheckpointIO()
+        return self._checkpoint_io
+
+    # -- building blocks the connector asks for before the strategy exists ------------------------
+
+    @classmethod
+    def grad_scaler_factory(cls) -> Callable[..., Any] | None:
+        """The fp16 gradient scaler class for this strategy (``None``: ``torch.amp.GradScaler``)."""
+        return None
+
+    @classmethod
+    def validate(cls, state: Any, precision_cls: type[Precision], mode: str) -> None:
+        """Raise when this strategy cannot run with the configuration (called once by the connector)."""
+
+    # -- facts ----------------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def parallel_dims(self) -> ParallelDims:
+        """Every process is one data-parallel replica."""
+        return ParallelDims(dp_replicate_size=self.state.num_processes, dp_replicate_rank=self.state.process_index)
+
+    @property
+    def device_mesh(self) -> Any:
+        """The ``torch.distributed.DeviceMesh`` of the run (``None`` when the strategy uses none)."""
+        return None
+
+    @property
+    def is_composable_parallelism_enabled(self) -> bool:
+        """True when models are spread over a device mesh of several parallel dimensions."""
+        return False
+
+    # -- set-up -------------------------------------------------------------------------------------
+
+    def setup(
+        self,
+        models: Sequence[torch.nn.Module],
+        optimizers: Sequence[torch.optim.Optimizer],
+        schedulers: Sequence[Any],
+        device_placement: Sequence[bool],
+        evaluation_mode: bool = False,
+    ) -> Prepared:
+        """Prepare the objects of one ``prepare`` call together (``device_placement`` per model)."""
+        prepared = [
+            self.setup_model(model, placement, evaluation_mode) for model, placement in zip(models, device_placement)
+        ]
+        return Prepared(prepared, [self.setup_optimizer(o, prepared) for o in optimizers], list(schedulers))
+
+    def setup_model(
+        self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
+        """Place the model, convert it for the precision, wrap it (unless evaluating), compile it."""
+        if device_placement and getattr(model, "hf_device_map", None) is None:
+            model = model.to(self.device)
+        model = self.precision.convert_module(model)
+        if not evaluation_mode:
+            model = self.wrap_model(model)
+        return self.compile(model)
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The backend's wrapper around the model (none on one device)."""
+        return model
+
+    def compile(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``torch.compile`` the model when the dynamo plugin asks for it."""
+        plugin = getattr(self.state, "dynamo_plugin", None)
+        if plugin is not None and plugin.enabled:
+            return compile_model(model, plugin)
+        return model
+
+    def setup_optimizer(
+        self, optimizer: torch.optim.Optimizer, models: Sequence[torch.nn.Module]
+    ) -> torch.optim.Optimizer:
+        """The optimizer over the prepared models' parameters (the same object when they did not change)."""
+        return optimizer
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool) -> Any:
+        """The prepared optimizer: steps on sync steps only, through the precision."""
+        from accel_train.optimizer import AcceleratedOptimizer
+
+        return AcceleratedOptimizer(optimizer, device_placement=device_placement, precision=self.precision)
+
+    def wrap_scheduler(self, scheduler: Any, optimizers: Any, step_with_optimizer: bool, split_batches: bool) -> Any:
+        """The prepared scheduler: follows the optimizer's real steps."""
+        from accel_train.scheduler import AcceleratedScheduler
+
+        return AcceleratedScheduler(
+            scheduler, optimizers, step_with_optimizer=step_with_optimizer, split_batches=split_batches
+        )
+
+    # -- training step ------------------------------------------------------------------------------
+
+    def backward(self, loss: torch.Tensor, accumulation_steps: int = 1, **kwargs: Any) -> None:
+        """Backward of ``loss`` divided by the accumulation steps, through the precision."""
+        if accumulation_steps != 1:
+            loss = loss / accumulation_steps
+        self.precision.backward(loss, **kwargs)
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Context in which backward keeps gradients local (accumulation); nothing to skip here."""
+        return contextlib.nullcontext()
+
+    def force_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Context in which the next backward synchronises gradients even inside :meth:`no_sync`."""
+        return contextlib.nullcontext()
+
+    def join(self, joinables: list[Any]) -> contextlib.AbstractContextManager[Any]:
+        """Context for uneven inputs across processes (nothing to join on one process)."""
+        return contextlib.nullcontext()
+
+    def context_parallel(
+        self, buffers: Any = None, buffer_seq_dims: Any = None, no_restore_buffers: Any = None
+    ) -> contextlib.AbstractContextManager[Any]:
+        """Context sharding ``buffers`` over context-parallel ranks (nothing without context parallelism)."""
+        return contextlib.nullcontext()
+
+    def unscale_gradients(self, optimizers: Iterable[Any]) -> None:
+        """Divide scaled gradients by the scale, once per optimizer."""
+        for optimizer in optimizers:
+            self.precision.unscale_(_inner_optimizer(optimizer))
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float, optimizers: Iterable[Any]
+    ) -> torch.Tensor:
+        """Clip gradients by their total norm (after unscaling); returns the norm before clipping."""
+        parameters = list(parameters)
+        self.unscale_gradients(optimizers)
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(
+        self, parameters: Iterable[torch.Tensor], clip_value: float, optimizers: Iterable[Any]
+    ) -> None:
+        parameters = list(parameters)
+        self.unscale_gradients(optimizers)
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    # -- models and their state -----------------------------------------------------------------------
+
+    def unwrap_model(self, model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> Any:
+        """The user's model from inside the strategy's and ``torch.compile``'s wrappers."""
+        return unwrap_model(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
+
+    def model_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """The full state dict of ``model`` (gathered from every rank when sharded)."""
+        if unwrap:
+            model = self.unwrap_model(model, keep_torch_compile=False)
+        return _materialised(model)
+
+    def optimizer_state_dict(self, optimizer: Any) -> dict[str, Any]:
+        """The full optimizer state dict (every rank takes part when sharded)."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, optimizer: Any, state_dict: dict[str, Any]) -> None:
+        optimizer.load_state_dict(state_dict)
+
+    # -- checkpoint entries (save_state / load_state) -------------------------------------------------
+
+    def checkpoint_entries(self) -> dict[str, CheckpointEntry]:
+        """How models and optimizers appear in a checkpoint folder (the documented file names)."""
+        from accel_train import checkpointing as ckpt
+
+        return {
+            "model": CheckpointEntry(
+                r"^(?:model(?:_(\d+))?\.safetensors|pytorch_model(?:_(\d+))?\.bin)$", lambda i: ckpt.model_file(i, True)
+            ),
+            "optimizer": CheckpointEntry(r"^optimizer(?:_(\d+))?\.bin$", ckpt.optimizer_file),
+        }
+
+    def checkpoint_weights(self, model: torch.nn.Module) -> dict[str, Any] | None:
+        """The weights ``save_state`` writes and shows its pre-hooks (``None``: the strategy writes shards)."""
+        return self.model_state_dict(model)
+
+    def save_model_checkpoint(
+        self,
+        model: torch.nn.Module,
+        weights: dict[str, Any] | None,
+        folder: str,
+        index: int,
+        safe_serialization: bool,
+        is_writer: bool,
+    ) -> str | None:
+        """Write model ``index`` into ``folder``; called on every rank. Returns the entry written."""
+        from accel_train import checkpointing as ckpt
+
+        name = ckpt.model_file(index, safe_serialization)
+        if is_writer and weights is not None:
+            self.checkpoint_io.save_weights(weights, os.path.join(folder, name), safe_serialization)
+        return name
+
+    def load_model_checkpoint(
+        self, model: torch.nn.Module, folder: str, entry: str, device: Any, strict: bool = True
+    ) -> None:
+        """Load model weights from ``folder/entry`` into ``model``; called on every rank."""
+        target = self.unwrap_model(model, keep_torch_compile=False)
+        path = os.path.join(folder, entry)
+        self.checkpoint_io.load_into_model(target, self.checkpoint_io.load_weights(path, device), path, strict)
+
+    def save_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, is_writer: bool) -> str | None:
+        """Write optimizer ``index`` into ``folder``; called on every rank. Returns the entry written."""
+        from accel_train import checkpointing as ckpt
+
+        name = ckpt.optimizer_file(index)
+        state = self.optimizer_state_dict(optimizer)
+        if is_writer:
+            self.checkpoint_io.save_object(state, os.path.join(folder, name))
+        return name
+
+    def load_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, map_location: Any) -> None:
+        from accel_train import checkpointing as ckpt
+
+        path = os.path.join(folder, ckpt.optimizer_file(index))
+        self.load_optimizer_state_dict(optimizer, self.checkpoint_io.load_object(path, map_location=map_location))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(device={self.device}, precision={self.precision!r})"
+
+
+def _inner_optimizer(optimizer: Any) -> Any:
+    from accel_train.optimizer import AcceleratedOptimizer
+
+    while isinstance(optimizer, AcceleratedOptimizer):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+def _materialised(model: torch.nn.Module) -> dict[str, Any]:
+    """``model.state_dict()``; weights of layers offloaded by accel-bigmodel's hooks are read back."""
+    state_dict = model.state_dict()
+    if not any(isinstance(v, torch.Tensor) and v.device.type == "meta" for v in state_dict.values()):
+        return state_dict
+    from accel_train.offloaded_weights import materialise_offloaded
+
+    return materialise_offloaded(model, state_dict)
