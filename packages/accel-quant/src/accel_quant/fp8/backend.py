@@ -1,4 +1,4 @@
-"""Which FP8 backend to use: torchao, TransformerEngine or MS-AMP.
+"""Which FP8 backend to use: torchao, TransformerEngine or MS-AMP (accel-state's ``FP8BackendType``).
 
 The choice, in order: the backend named explicitly (a recipe's ``backend`` or the kind of recipe
 given), then ``ACCELERATE_FP8_BACKEND`` (written by ``accel launch`` from ``--fp8_backend`` or the
@@ -8,26 +8,14 @@ TransformerEngine, then torchao.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 
 from accel_quant import _requirements
 from accel_state import env_vars
+from accel_state.enums import FP8BackendType
 from accel_state.logging import get_logger
 
 logger = get_logger(__name__)
-
-
-class FP8BackendType(str, enum.Enum):
-    """The FP8 backends (``NO`` when none is chosen yet)."""
-
-    NO = "NO"
-    TE = "TE"
-    MSAMP = "MSAMP"
-    AO = "AO"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 _ALIASES = {

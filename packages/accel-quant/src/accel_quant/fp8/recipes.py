@@ -14,11 +14,12 @@ import torch
 from torch import nn
 
 from accel_state import env_vars
+from accel_state.enums import AmaxComputeAlgorithm, FP8Format, MSAMPOptLevel
 from accel_state.environment import str_to_bool
 
-FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")
-AMAX_COMPUTE_ALGOS = ("max", "most_recent")
-OPT_LEVELS = ("O1", "O2")
+FP8_FORMATS = tuple(FP8Format.list())
+AMAX_COMPUTE_ALGOS = tuple(AmaxComputeAlgorithm.list())
+OPT_LEVELS = tuple(MSAMPOptLevel.list())
 # TransformerEngine runs only these GEMMs in higher precision: none, or the weight gradient.
 _OVERRIDES = ((False, False, False), (False, False, True))
 
