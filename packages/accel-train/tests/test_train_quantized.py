@@ -15,7 +15,9 @@ pytestmark = pytest.mark.skipif(
 
 
 def _model() -> torch.nn.Module:
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.Linear(64, 8)
+    )
 
 
 def test_save_model_of_8bit_model_reloads_quantized(tmp_path) -> None:

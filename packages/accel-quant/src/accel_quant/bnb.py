@@ -126,7 +126,7 @@ def _quantized_param(bnb: Any, layer: nn.Module, data: torch.Tensor) -> nn.Param
     if isinstance(layer, bnb.nn.Linear8bitLt):
         param: nn.Parameter = bnb.nn.Int8Params(data, requires_grad=False, has_fp16_weights=False)
         return param
-    old = layer.weight
+    old: Any = layer.weight
     param = bnb.nn.Params4bit(
         data,
         requires_grad=False,
@@ -262,7 +262,7 @@ def get_quantized_model_device_map(
                 model, max_memory=max_memory, low_zero=device_map == "balanced_low_0", **plan_kwargs
             )
         device_map = infer_auto_device_map(model, max_memory=max_memory, **plan_kwargs)
-    device_map = dict(device_map)
+    device_map = dict(device_map)  # type: ignore[arg-type]
     offloaded = _offload_devices(device_map)
     quantized_offloaded = [
         name for name, dev in device_map.items() if str(dev) in offloaded and not _matching(name, keep)
@@ -343,8 +343,8 @@ def _prepare_prequantized_8bit(bnb: Any, model: nn.Module, keys: set[str]) -> li
 def _finish_prequantized_8bit(modules: list[nn.Module]) -> None:
     """Move the loaded statistics from the helper buffers into each weight; drop the buffers."""
     for module in modules:
-        scb = module._buffers.pop("SCB")
-        fmt = module._buffers.pop("weight_format")
+        scb: Any = module._buffers.pop("SCB")
+        fmt: Any = module._buffers.pop("weight_format")
         if fmt is not None and fmt.device.type != "meta" and int(fmt.item()) != 0:
             raise ValueError(f"8-bit checkpoint weight format {int(fmt.item())} is not supported (only row-major, 0).")
         weight: Any = module.weight
@@ -423,8 +423,8 @@ def load_and_quantize_model(
         skip_modules=skip,
         keep_in_fp32_modules=fp32_modules,
     )
-    model.is_loaded_in_4bit = config.load_in_4bit
-    model.is_loaded_in_8bit = config.load_in_8bit
+    setattr(model, "is_loaded_in_4bit", config.load_in_4bit)  # noqa: B010  (read by peft and prepare)
+    setattr(model, "is_loaded_in_8bit", config.load_in_8bit)  # noqa: B010
 
     if get_parameter_device(model).type != "meta":
         logger.warning(

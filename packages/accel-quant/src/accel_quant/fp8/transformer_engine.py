@@ -114,7 +114,7 @@ def build_te_recipe(recipe: TERecipe | Mapping[str, Any] | None = None) -> tuple
 
 
 # -- model conversion ----------------------------------------------------------------------------
-def _copy_params(src: nn.Module, dst: nn.Module) -> None:
+def _copy_params(src: Any, dst: Any) -> None:
     with torch.no_grad():
         dst.weight.copy_(src.weight)
         if getattr(src, "bias", None) is not None and getattr(dst, "bias", None) is not None:
@@ -130,7 +130,7 @@ def convert_model(
     if to_transformer_engine:
         to_convert, kept = plan_te_conversion(model, _convert_linear, _convert_ln)
         for name, kind in to_convert.items():
-            old = model.get_submodule(name)
+            old: Any = model.get_submodule(name)
             if kind == "Linear":
                 new: nn.Module = te.Linear(
                     old.in_features, old.out_features, bias=old.bias is not None, params_dtype=old.weight.dtype
@@ -146,7 +146,8 @@ def convert_model(
                 "; ".join(f"{n} ({why})" for n, why in kept.items()),
             )
         return
-    for name, module in list(model.named_modules()):
+    modules: list[tuple[str, Any]] = list(model.named_modules())
+    for name, module in modules:
         if isinstance(module, te.Linear) and _convert_linear:
             back: nn.Module = nn.Linear(
                 module.in_features,
