@@ -297,3 +297,13 @@ def test_quantize_and_offload_8bit_writes_int8_and_scales(tmp_path, tiny_model) 
     assert model.blocks[0].up.weight.device.type == "meta"
     with pytest.raises(ValueError, match="already int8"):
         quantize_and_offload_8bit(model, int8, "blocks.0.up.weight", None, tmp_path, index)
+
+
+def test_model_in_memory_with_disk_offload(tmp_path, tiny_model, tokens) -> None:
+    device_map = {"embed": "cpu", "blocks.0": "cpu", "blocks.1": "disk", "blocks.2": "cpu", "norm": "cpu", "head": "cpu"}
+    model = load_and_quantize_model(
+        copy.deepcopy(tiny_model), BnbQuantizationConfig(**EIGHT), device_map=device_map, offload_folder=tmp_path
+    )
+    assert model.blocks[1].down.weight.device.type == "meta"
+    with torch.no_grad():
+        assert _rel_error(model(tokens), tiny_model(tokens)) < BOUNDS["8bit"]
