@@ -224,6 +224,8 @@ def resolve(
         config is not None and getattr(config, "compute_environment", None) == ComputeEnvironment.AMAZON_SAGEMAKER
     )
     values, defaulted = merge(flags, config)
+    if getattr(config, "parallelism_config", None) and not values.get("use_parallelism_config"):
+        values["use_parallelism_config"] = True  # a file's parallelism_config section asks for it
     _check_paradigms(values)
     notes: list[str] = []
 

@@ -40,6 +40,8 @@ _export(
     "MegatronLMPlugin",
     "TorchTensorParallelPlugin",
     "ParallelismConfig",
+    "TorchTensorParallelConfig",
+    "TorchContextParallelConfig",
     "BackendNotAvailableError",
 )
 _export("checkpointing", "CheckpointMismatchError")

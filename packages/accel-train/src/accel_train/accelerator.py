@@ -216,6 +216,7 @@ class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin)
                 [args[i] for i in optimizers],
                 [args[i] for i in schedulers],
                 device_placement=placements,
+                data_loaders=list(self._dataloaders),
             )
             for i, model in zip(models, prepared.models):
                 result[i] = self._register_model(model)

@@ -253,7 +253,7 @@ def _bool_triple(value: Any) -> tuple[bool, bool, bool] | None:
         return None
     if isinstance(value, bool):
         return (value, value, value)
-    items = [str_to_bool(v) if isinstance(v, str) else bool(v) for v in value]
+    items = [bool(str_to_bool(v)) if isinstance(v, str) else bool(v) for v in value]
     if len(items) != 3:
         raise ValueError("override_linear_precision needs three booleans (fprop, dgrad, wgrad)")
     return (items[0], items[1], items[2])

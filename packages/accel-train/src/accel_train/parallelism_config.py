@@ -16,9 +16,15 @@ _SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size")
 
 @dataclass
 class TorchTensorParallelConfig:
-    """Settings of the tensor-parallel dimension (torch's DTensor tensor parallelism)."""
+    """Settings of the tensor-parallel dimension (torch's DTensor tensor parallelism).
+
+    ``tp_plan`` maps module names (``*`` matches one name component, e.g. ``layers.*.mlp.up``) to a
+    style (``"colwise"``, ``"rowwise"``, ``"colwise_rep"``, ``"rowwise_rep"``, ``"sequence_parallel"``)
+    or a torch ``ParallelStyle``; without it the model's own ``tp_plan`` / ``_tp_plan`` is used.
+    """
 
     enable_async_tp: bool = False
+    tp_plan: dict[str, Any] | None = None
 
 
 @dataclass
@@ -95,6 +101,99 @@ class ParallelismConfig:
     def is_trivial(self) -> bool:
         """True when there is at most plain (replicated) data parallelism."""
         return self.dp_shard_size == 1 and self.tp_size == 1 and self.cp_size == 1 and self.sp_size == 1
+
+    # -- the mesh ------------------------------------------------------------------------------------
+    # Dimensions in the fixed order dp_replicate, dp_shard, cp, tp (outermost first): tensor-parallel
+    # peers are neighbours, so their traffic stays inside a machine when a machine holds a tp group.
+
+    @property
+    def _sizes(self) -> dict[str, int]:
+        return {
+            "dp_replicate": self.dp_replicate_size,  # type: ignore[dict-item]
+            "dp_shard": self.dp_shard_size,  # type: ignore[dict-item]
+            "cp": self.cp_size,  # type: ignore[dict-item]
+            "tp": self.tp_size,  # type: ignore[dict-item]
+        }
+
+    @property
+    def active_mesh_dims(self) -> list[str]:
+        """Names of the dimensions larger than 1, outermost first."""
+        return [name for name, size in self._sizes.items() if size > 1]
+
+    @property
+    def dp_dim_names(self) -> list[str]:
+        """The data-parallel dimensions in use (``dp_replicate``, ``dp_shard``)."""
+        return [name for name in ("dp_replicate", "dp_shard") if self._sizes[name] > 1]
+
+    @property
+    def non_dp_dim_names(self) -> list[str]:
+        """The model-parallel dimensions in use (``cp``, ``tp``)."""
+        return [name for name in ("cp", "tp") if self._sizes[name] > 1]
+
+    @property
+    def dp_shard_cp_dim_names(self) -> list[str]:
+        """Dimensions over which FSDP shards parameters (data shard and context parallel)."""
+        return [name for name in ("dp_shard", "cp") if self._sizes[name] > 1]
+
+    @property
+    def dp_cp_dim_names(self) -> list[str]:
+        """Dimensions over which gradients are averaged (every data-parallel and context-parallel one)."""
+        return [name for name in ("dp_replicate", "dp_shard", "cp") if self._sizes[name] > 1]
+
+    @property
+    def fsdp_dim_names(self) -> list[str]:
+        """The mesh FSDP2 shards over: ``dp_shard_cp`` (or the one of ``dp_shard`` / ``cp`` in use),
+        preceded by ``dp_replicate`` for HSDP."""
+        names = []
+        if self.dp_replicate_enabled:
+            names.append("dp_replicate")
+        shard = self.dp_shard_cp_dim_names
+        if len(shard) > 1:
+            names.append("dp_shard_cp")
+        elif shard:
+            names.append(shard[0])
+        return names
+
+    def validate_world_size(self, num_processes: int) -> None:
+        """Raise unless the sizes multiply to ``num_processes``, naming the product."""
+        if self.total_size != num_processes:
+            product = " x ".join(f"{name.removesuffix('_size')} {getattr(self, name)}" for name in _SIZES)
+            raise ValueError(
+                f"ParallelismConfig sizes multiply to {self.total_size} ({product}) but the run has "
+                f"{num_processes} processes; change the sizes so that their product is {num_processes}"
+            )
+
+    def build_device_mesh(self, device_type: str) -> Any:
+        """The ``DeviceMesh`` of the active dimensions, with the flattened ``dp``, ``dp_shard_cp`` and
+        ``dp_cp`` meshes registered on it (a 1-D mesh of all processes when every size is 1)."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if self.sp_size > 1:  # type: ignore[operator]
+            raise NotImplementedError(
+                "ParallelismConfig.sp_size > 1 (sequence parallelism through DeepSpeed Ulysses) is not "
+                "available in accel's torch mesh; use cp_size for context parallelism"
+            )
+        names = self.active_mesh_dims or ["dp_replicate"]
+        shape = tuple(max(self._sizes[name], 1) for name in names) if self.active_mesh_dims else (self.total_size,)
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=tuple(names))
+        for flat, parts in (
+            ("dp", self.dp_dim_names),
+            ("dp_shard_cp", self.dp_shard_cp_dim_names),
+            ("dp_cp", self.dp_cp_dim_names),
+        ):
+            if len(parts) > 1:
+                mesh[tuple(parts)]._flatten(flat)
+        self._device_mesh = mesh
+        return mesh
+
+    def get_device_mesh(self, device_type: str | None = None) -> Any:
+        """The mesh built by :meth:`build_device_mesh` (built now for ``device_type`` if not yet)."""
+        mesh = getattr(self, "_device_mesh", None)
+        if mesh is None:
+            if device_type is None:
+                raise ValueError("the device mesh is not built yet; pass device_type to get_device_mesh")
+            mesh = self.build_device_mesh(device_type)
+        return mesh
 
     @property
     def dp_enabled(self) -> bool:

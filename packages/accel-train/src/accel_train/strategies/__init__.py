@@ -23,6 +23,7 @@ __all__ = ["STRATEGIES", "DDP_TYPES", "register_strategy", "strategy_class", "st
 STRATEGIES: dict[str, str] = {
     "single_device": "accel_train.strategies.single_device:SingleDeviceStrategy",
     "ddp": "accel_train.strategies.ddp:DDPStrategy",
+    "nd_parallel": "accel_train.strategies.nd_parallel:NDParallelStrategy",
 }
 
 #: Documented backends whose strategy is not registered: what to tell the user.
@@ -31,7 +32,6 @@ _NOT_YET: dict[str, str] = {
     "deepspeed": "DeepSpeed (deepspeed_plugin)",
     "megatron_lm": "Megatron-LM (megatron_lm_plugin)",
     "xla": "XLA / TPU training",
-    "nd_parallel": "Tensor / context / sharded data parallelism (parallelism_config)",
 }
 
 #: Distributed types run by replicating the model on every process (DistributedDataParallel).

@@ -151,8 +151,12 @@ class Strategy:
         schedulers: Sequence[Any],
         device_placement: Sequence[bool],
         evaluation_mode: bool = False,
+        data_loaders: Sequence[Any] = (),
     ) -> Prepared:
-        """Prepare the objects of one ``prepare`` call together (``device_placement`` per model)."""
+        """Prepare the objects of one ``prepare`` call together (``device_placement`` per model).
+
+        ``data_loaders`` are the prepared data loaders known so far (a backend may read their batch size).
+        """
         prepared = [
             self.setup_model(model, placement, evaluation_mode) for model, placement in zip(models, device_placement)
         ]

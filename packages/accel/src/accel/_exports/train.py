@@ -32,6 +32,8 @@ _PARALLEL = [
     "MegatronLMPlugin",
     "TorchTensorParallelPlugin",
     "ParallelismConfig",
+    "TorchTensorParallelConfig",
+    "TorchContextParallelConfig",
 ]
 
 UTILS: dict[str, str] = {}
@@ -46,7 +48,7 @@ MODULES: dict[str, str] = {
     "accel.scheduler": f"{_T}.scheduler",
     "accel.local_sgd": f"{_T}.local_sgd",
     "accel.checkpointing": f"{_T}.checkpointing",
-    "accel.parallelism_config": f"{_T}.parallel_plugins",
+    "accel.parallelism_config": f"{_T}.parallelism_config",
     "accel.test_utils": f"{_T}.test_utils",
     "accel.commands.test": f"{_T}.commands.test",
     "accel.commands.merge": f"{_T}.commands.merge",

@@ -1,0 +1,310 @@
+"""The ND-parallel strategy: a device mesh of data-replicate x data-shard x context x tensor parallel
+dimensions, built from a ``ParallelismConfig``.
+
+A model is set up in a fixed order (the order in which the pieces compose):
+
+1. placed on the device and converted for the precision;
+2. tensor parallel over ``tp``: the modules of the plan become DTensor-sharded (:mod:`accel_train.tensor_parallel`);
+3. activation checkpointing of the blocks, when the FSDP plugin asks for it;
+4. ``torch.compile``, when the dynamo plugin asks for it;
+5. FSDP2 (``fully_shard``) over ``dp_shard`` x ``cp`` — each block, then the root — with
+   ``dp_replicate`` as the replicate dimension of HSDP.
+
+Data loaders shard over the data-parallel ranks only (``parallel_dims``): tensor- and context-parallel
+peers get the same batches. State dicts and checkpoints go through ``torch.distributed.checkpoint``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from accel_train import dcp_io
+from accel_train.strategies.base import CheckpointEntry, ParallelDims, Strategy
+
+__all__ = ["NDParallelStrategy"]
+
+
+def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a model: the children of its ``ModuleList`` s of one block class."""
+    found: list[torch.nn.Module] = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1:
+            found.extend(module)
+    return found
+
+
+class NDParallelStrategy(Strategy):
+    """Tensor, context and (sharded or replicated) data parallelism over one ``DeviceMesh``."""
+
+    name = "nd_parallel"
+    is_sharded = True
+
+    def __init__(self, state: Any, precision: Any, checkpoint_io: Any = None, handlers: Any = None) -> None:
+        super().__init__(state, precision, checkpoint_io, handlers)
+        self.config = state.parallelism_config
+        self.config.validate_world_size(state.num_processes)
+        self._mesh = self.config.build_device_mesh(state.device.type)
+        self._models: list[torch.nn.Module] = []
+
+    @classmethod
+    def validate(cls, state: Any, precision_cls: Any, mode: str) -> None:
+        config = state.parallelism_config
+        config.validate_world_size(state.num_processes)
+        if config.cp_enabled and state.device.type == "cpu":
+            raise NotImplementedError(
+                f"context parallelism (cp_size={config.cp_size}) shards attention with torch's ring attention, "
+                "which torch runs on CUDA only (it has no CPU sharding rule for scaled_dot_product_attention); "
+                "on CPU set cp_size=1"
+            )
+        if getattr(state, "deepspeed_plugins", None):
+            raise ValueError(
+                "ParallelismConfig with tensor / context / sharded data parallelism runs on torch's mesh (FSDP2 "
+                "and DTensor); it cannot be combined with DeepSpeed. Remove the DeepSpeed plugin or the sizes"
+            )
+        fsdp = getattr(state, "fsdp_plugin", None)
+        if fsdp is not None and fsdp.fsdp_version != 2:
+            raise ValueError(
+                "ParallelismConfig shards data with FSDP2; the FSDP plugin says fsdp_version=1. Set "
+                "fsdp_version=2 (or remove the FSDP plugin)"
+            )
+
+    @classmethod
+    def grad_scaler_factory(cls) -> Any:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler
+
+    # -- facts ----------------------------------------------------------------------------------------
+
+    @property
+    def device_mesh(self) -> Any:
+        return self._mesh
+
+    @property
+    def is_composable_parallelism_enabled(self) -> bool:
+        return True
+
+    def _local_rank(self, dim: str) -> int:
+        return self._mesh[dim].get_local_rank() if dim in self.config.active_mesh_dims else 0
+
+    @property
+    def parallel_dims(self) -> ParallelDims:
+        config = self.config
+        return ParallelDims(
+            dp_replicate_size=config.dp_replicate_size,
+            dp_shard_size=config.dp_shard_size,
+            tp_size=config.tp_size,
+            cp_size=config.cp_size,
+            dp_replicate_rank=self._local_rank("dp_replicate"),
+            dp_shard_rank=self._local_rank("dp_shard"),
+            tp_rank=self._local_rank("tp"),
+            cp_rank=self._local_rank("cp"),
+        )
+
+    # -- set-up ---------------------------------------------------------------------------------------
+
+    def setup(
+        self,
+        models: Sequence[torch.nn.Module],
+        optimizers: Sequence[torch.optim.Optimizer],
+        schedulers: Sequence[Any],
+        device_placement: Sequence[bool],
+        evaluation_mode: bool = False,
+        data_loaders: Sequence[Any] = (),
+    ) -> Any:
+        # Parameters are replaced by DTensors: remember each one's name to rebind the optimizers.
+        names = {id(p): (index, name) for index, m in enumerate(models) for name, p in m.named_parameters()}
+        prepared = super().setup(models, [], schedulers, device_placement, evaluation_mode, data_loaders)
+        new_params = [dict(m.named_parameters()) for m in prepared.models]
+        for optimizer in optimizers:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            if params and all(id(p) in names for p in params):
+                self._rebind(optimizer, names, new_params)
+            else:
+                self.setup_optimizer(optimizer, prepared.models)
+        prepared.optimizers = list(optimizers)
+        return prepared
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, models: Sequence[torch.nn.Module]) -> Any:
+        from torch.distributed.tensor import DTensor
+
+        if all(isinstance(p, DTensor) for g in optimizer.param_groups for p in g["params"]):
+            return optimizer  # built over the prepared model: already over the split parameters
+        raise ValueError(
+            "with tensor / sharded data parallelism, pass the optimizer to the same `prepare` call as its model "
+            "(the model's parameters are replaced when it is split), or build it after preparing the model"
+        )
+
+    @staticmethod
+    def _rebind(optimizer: torch.optim.Optimizer, names: dict[int, Any], new_params: list[dict[str, Any]]) -> None:
+        """Point the optimizer at the split parameters that replaced the ones it was built over."""
+        for group in optimizer.param_groups:
+            rebound = []
+            for param in group["params"]:
+                index, name = names[id(param)]
+                new = new_params[index][name]
+                if param in optimizer.state:  # state loaded before prepare follows its parameter
+                    optimizer.state[new] = optimizer.state.pop(param)
+                rebound.append(new)
+            group["params"] = rebound
+
+    def setup_model(
+        self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
+        if device_placement:
+            model = model.to(self.device)
+        model = self.precision.convert_module(model)
+        config = self.config
+        if config.tp_enabled:
+            from accel_train.tensor_parallel import apply_plan, model_plan, resolve_plan
+
+            explicit = getattr(config.tp_handler, "tp_plan", None)
+            plan = resolve_plan(model, model_plan(model, explicit), config.tp_size)
+            apply_plan(model, plan, self._mesh["tp"])
+        fsdp_plugin = getattr(self.state, "fsdp_plugin", None)
+        if fsdp_plugin is not None and fsdp_plugin.activation_checkpointing:
+            self._checkpoint_blocks(model)
+        model = self.compile(model)
+        if config.fsdp_dim_names:
+            model = self._fully_shard(model, fsdp_plugin)
+        self._models.append(model)
+        return model
+
+    @staticmethod
+    def _checkpoint_blocks(model: torch.nn.Module) -> None:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        for module in model.modules():
+            if isinstance(module, torch.nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1:
+                for index, block in enumerate(module):
+                    module[index] = checkpoint_wrapper(block)
+
+    def _fully_shard(self, model: torch.nn.Module, fsdp_plugin: Any) -> torch.nn.Module:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        names = self.config.fsdp_dim_names
+        mesh = self._mesh[tuple(names)] if len(names) > 1 else self._mesh[names[0]]
+        param_dtype, reduce_dtype, _ = self.precision.mixed_precision_dtypes()
+        kwargs: dict[str, Any] = {"mesh": mesh}
+        if param_dtype is not None:
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+        reshard = getattr(fsdp_plugin, "reshard_after_forward", None)
+        if isinstance(reshard, bool):
+            kwargs["reshard_after_forward"] = reshard
+        for block in _blocks(model):
+            fully_shard(block, **kwargs)
+        fully_shard(model, **kwargs)
+        return model
+
+    # -- training step ----------------------------------------------------------------------------------
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
+        setter = getattr(model, "set_requires_gradient_sync", None)
+        if setter is None:
+            return contextlib.nullcontext()
+
+        @contextlib.contextmanager
+        def local_gradients() -> Any:
+            setter(False)
+            try:
+                yield
+            finally:
+                setter(True)
+
+        return local_gradients()
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float, optimizers: Iterable[Any]
+    ) -> torch.Tensor:
+        """Total norm over every shard of every parameter (DTensors of different meshes alike), then clip."""
+        from torch.distributed.tensor import DTensor
+
+        parameters = [p for p in parameters if p.grad is not None]
+        self.unscale_gradients(optimizers)
+        norms = []
+        for param in parameters:
+            norm = torch.linalg.vector_norm(param.grad, norm_type)
+            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        if not norms:
+            return torch.tensor(0.0)
+        total = torch.linalg.vector_norm(torch.stack(norms), norm_type)
+        coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for param in parameters:
+            param.grad.mul_(coefficient.to(param.grad.device))
+        return total
+
+    @contextlib.contextmanager
+    def context_parallel(self, buffers: Any = None, buffer_seq_dims: Any = None, no_restore_buffers: Any = None) -> Any:
+        """Shard ``buffers`` along their sequence dimensions over ``cp`` (torch's context parallelism)."""
+        if not self.config.cp_enabled:
+            yield
+            return
+        from torch.distributed.tensor.experimental import context_parallel
+
+        with context_parallel(
+            self._mesh["cp"],
+            buffers=buffers,
+            buffer_seq_dims=buffer_seq_dims,
+            no_restore_buffers=no_restore_buffers,
+        ):
+            yield
+
+    # -- state ----------------------------------------------------------------------------------------
+
+    def model_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """The full state dict, gathered to rank 0 (the other ranks get ``{}``); call it on every rank."""
+        return dcp_io.full_model_state_dict(self.unwrap_model(model, keep_torch_compile=False))
+
+    def _model_of(self, optimizer: Any) -> torch.nn.Module:
+        inner = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
+        params = {id(p) for group in inner.param_groups for p in group["params"]}
+        for model in self._models:
+            if any(id(p) in params for p in model.parameters()):
+                return model
+        raise ValueError("this optimizer holds parameters of no model prepared with the ND-parallel strategy")
+
+    def optimizer_state_dict(self, optimizer: Any) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        inner = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_optimizer_state_dict(self._model_of(optimizer), inner, options=options)
+
+    def checkpoint_entries(self) -> dict[str, CheckpointEntry]:
+        from accel_state.constants import FSDP_MODEL_NAME
+
+        return {
+            "model": CheckpointEntry(rf"^{FSDP_MODEL_NAME}(?:_(\d+))?$", lambda i: f"{FSDP_MODEL_NAME}_{i}"),
+            "optimizer": CheckpointEntry(r"^optimizer_(\d+)$", lambda i: f"optimizer_{i}"),
+        }
+
+    def checkpoint_weights(self, model: torch.nn.Module) -> dict[str, Any] | None:
+        return None  # every rank writes its shards
+
+    def save_model_checkpoint(
+        self, model: torch.nn.Module, weights: Any, folder: str, index: int, safe_serialization: bool, is_writer: bool
+    ) -> str:
+        name = self.checkpoint_entries()["model"].name(index)
+        dcp_io.save_sharded_model(self.unwrap_model(model, keep_torch_compile=False), os.path.join(folder, name))
+        return name
+
+    def load_model_checkpoint(
+        self, model: torch.nn.Module, folder: str, entry: str, device: Any, strict: bool = True
+    ) -> None:
+        dcp_io.load_sharded_model(self.unwrap_model(model, keep_torch_compile=False), os.path.join(folder, entry))
+
+    def save_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, is_writer: bool) -> str:
+        name = self.checkpoint_entries()["optimizer"].name(index)
+        inner = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
+        dcp_io.save_sharded_optimizer(self._model_of(optimizer), inner, os.path.join(folder, name))
+        return name
+
+    def load_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, map_location: Any) -> None:
+        inner = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
+        name = self.checkpoint_entries()["optimizer"].name(index)
+        dcp_io.load_sharded_optimizer(self._model_of(optimizer), inner, os.path.join(folder, name))
