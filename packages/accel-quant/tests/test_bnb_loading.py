@@ -300,7 +300,14 @@ def test_quantize_and_offload_8bit_writes_int8_and_scales(tmp_path, tiny_model) 
 
 
 def test_model_in_memory_with_disk_offload(tmp_path, tiny_model, tokens) -> None:
-    device_map = {"embed": "cpu", "blocks.0": "cpu", "blocks.1": "disk", "blocks.2": "cpu", "norm": "cpu", "head": "cpu"}
+    device_map = {
+        "embed": "cpu",
+        "blocks.0": "cpu",
+        "blocks.1": "disk",
+        "blocks.2": "cpu",
+        "norm": "cpu",
+        "head": "cpu",
+    }
     model = load_and_quantize_model(
         copy.deepcopy(tiny_model), BnbQuantizationConfig(**EIGHT), device_map=device_map, offload_folder=tmp_path
     )
