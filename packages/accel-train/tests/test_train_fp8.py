@@ -94,3 +94,30 @@ def test_fp8_with_missing_msamp_names_it() -> None:
 def test_two_fp8_recipes_are_refused() -> None:
     with pytest.raises(ValueError, match="several FP8 recipes"):
         Accelerator(cpu=True, mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs(), TERecipeKwargs()])
+
+
+def rank_fp8_fsdp2(all_gather: bool) -> dict:
+    from accel_state.testing import reset_shared_state
+    from accel_train.parallelism_config import ParallelismConfig
+
+    reset_shared_state()
+    accelerator = Accelerator(
+        mixed_precision="fp8",
+        parallelism_config=ParallelismConfig(dp_shard_size=2),
+        kwargs_handlers=[AORecipeKwargs(enable_fsdp_float8_all_gather=all_gather)],
+    )
+    model = _model()
+    losses = _train(accelerator, model, steps=20)
+    return {"losses": losses, "layers": [type(m).__name__ for m in model.modules()]}
+
+
+@requires_torchao
+@pytest.mark.parametrize("all_gather", [True, False], ids=["float8_all_gather", "bf16_all_gather"])
+def test_fp8_with_torchao_under_fsdp2(dist_pool, all_gather: bool) -> None:
+    results = dist_pool.run(rank_fp8_fsdp2, all_gather)
+    assert results[0]["layers"].count("Float8Linear") == 2
+    assert results[0]["losses"] == results[1]["losses"]  # one model, sharded over the two ranks
+    # both ranks see the whole batch, so the run follows the single-process FP8 run
+    single = _train(Accelerator(cpu=True, mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs()]), _model(), 20)
+    assert results[0]["losses"][-1] < 0.9 * results[0]["losses"][0]
+    assert results[0]["losses"][-1] == pytest.approx(single[-1], rel=0.02)

@@ -14,13 +14,16 @@ the first installed of MS-AMP, TransformerEngine, torchao.
 * MS-AMP needs the model and its optimizer cast together (``msamp.initialize``); the strategies have
   no joint hook for that yet, so it is refused with a named error.
 
-Runs with the single-device and DDP strategies; FSDP and DeepSpeed are refused by name until their
-strategies carry the FP8 specifics (torchao float8 all-gather under FSDP2, TE/MS-AMP under DeepSpeed).
+Runs with the single-device, DDP and ND-parallel (FSDP2) strategies; under FSDP2 torchao all-gathers
+weights in float8 (``enable_fsdp_float8_all_gather``) and the next scales are computed after each
+optimizer step. The FSDP1 and DeepSpeed strategies are refused by name until they carry the FP8
+specifics (TE / MS-AMP under DeepSpeed).
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, ClassVar
 
 import torch
@@ -37,7 +40,7 @@ class FP8Precision(Precision):
     """FP8 layers (torchao or TransformerEngine) and bf16 autocast around them."""
 
     modes: ClassVar[tuple[str, ...]] = ("fp8",)
-    supported_strategies: ClassVar[frozenset[str] | None] = frozenset({"single_device", "ddp"})
+    supported_strategies: ClassVar[frozenset[str] | None] = frozenset({"single_device", "ddp", "nd_parallel"})
 
     def __init__(
         self,
@@ -79,6 +82,8 @@ class FP8Precision(Precision):
         self._autocast_enabled = kwargs.pop("enabled", True)
         self._autocast_extra = kwargs
         self._parameter_map: dict[int, torch.nn.Parameter] = {}
+        self._ao_models: list[weakref.ref[torch.nn.Module]] = []
+        self._ao_config: Any = None
 
     def _build_recipe(self, backend: str, given: list[str], umbrella: Any) -> Any:
         if backend == "AO":
@@ -137,10 +142,13 @@ class FP8Precision(Precision):
         if self.fp8_backend == "AO":
             from accel_quant.fp8.ao import build_ao_config, convert_model_to_fp8_ao, has_ao_layers
 
+            if self._ao_config is None:
+                self._ao_config = build_ao_config(self._recipe)
             if not has_ao_layers(model):
                 convert_model_to_fp8_ao(
-                    model, config=build_ao_config(self._recipe), module_filter_func=self._recipe.module_filter_func
+                    model, config=self._ao_config, module_filter_func=self._recipe.module_filter_func
                 )
+            self._ao_models.append(weakref.ref(model))
         else:
             from accel_quant.fp8.transformer_engine import (
                 apply_fp8_autowrap,
@@ -166,7 +174,24 @@ class FP8Precision(Precision):
     def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> tuple[Any, bool]:
         if self._parameter_map:
             _point_optimizer_at(optimizer, self._parameter_map)
-        return super().optimizer_step(optimizer, closure)
+        result = super().optimizer_step(optimizer, closure)
+        if self._ao_models:
+            self._precompute_fsdp_scales()
+        return result
+
+    def _precompute_fsdp_scales(self) -> None:
+        """Under FSDP2 with float8 all-gather, compute the next step's weight scales in one collective."""
+        from accel_quant.fp8.ao import precompute_float8_scales_for_fsdp
+
+        config = self._ao_config
+        if not getattr(config, "enable_fsdp_float8_all_gather", False):
+            return
+        from torch.distributed.tensor import DTensor
+
+        for ref in self._ao_models:
+            model = ref()
+            if model is not None and any(isinstance(p, DTensor) for p in model.parameters()):
+                precompute_float8_scales_for_fsdp(model, config)
 
     def __repr__(self) -> str:
         return f"FP8Precision(backend={self.fp8_backend!r}, device_type={self.device_type!r})"
