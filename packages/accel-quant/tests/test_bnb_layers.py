@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TinyLM, requires_bnb
+from quant_models import TinyLM, requires_bnb
 from torch import nn
 
 from accel_bigmodel.empty import init_empty_weights

@@ -16,7 +16,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import TinyLM, requires_bnb
+from quant_models import TinyLM, requires_bnb
 from torch import nn
 
 from accel_bigmodel.empty import init_empty_weights

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 import torch
-from conftest import requires_torchao
+from quant_models import requires_torchao
 from torch import nn
 
 from accel_quant.fp8.ao import (

@@ -9,7 +9,7 @@ import importlib.util
 
 import pytest
 import torch
-from conftest import TinyLM
+from quant_models import TinyLM
 from torch import nn
 
 from accel_quant.fp8.msamp import msamp_deepspeed_config, msamp_initialize

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from conftest import TinyLM, requires_bnb
+from quant_models import TinyLM, requires_bnb
 from torch import nn
 
 from accel_quant.bnb import load_and_quantize_model
