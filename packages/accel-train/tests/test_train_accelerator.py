@@ -233,8 +233,13 @@ def test_wrong_mixed_precision_is_named() -> None:
         Accelerator(cpu=True, mixed_precision="fp32")
 
 
-def test_fp8_says_it_needs_accel_quant() -> None:
-    with pytest.raises(NotImplementedError, match="accel-quant"):
+def test_fp8_without_any_backend_names_the_packages(monkeypatch) -> None:
+    from accel_quant import _requirements
+
+    for name in ("is_torchao_available", "is_transformer_engine_available", "is_msamp_available"):
+        monkeypatch.setattr(_requirements, name, lambda: False)
+    monkeypatch.delenv("ACCELERATE_FP8_BACKEND", raising=False)
+    with pytest.raises(ImportError, match=r"no(ne)? .*installed.*accel-quant\[torchao\]"):
         Accelerator(cpu=True, mixed_precision="fp8")
 
 

@@ -81,8 +81,9 @@ def test_a_strategy_is_one_class_and_its_registration() -> None:
 def test_precision_registry() -> None:
     assert precision_class("no") is Precision
     assert precision_class("bf16") is AutocastPrecision
-    with pytest.raises(NotImplementedError, match="accel-quant"):
-        precision_class("fp8")
+    from accel_train.precisions.fp8 import FP8Precision
+
+    assert precision_class("fp8") is FP8Precision
     with pytest.raises(ValueError, match="no precision for mixed_precision='fp4'"):
         precision_class("fp4")
 

@@ -130,15 +130,16 @@ def load_checkpoint_in_model(
     """Load ``checkpoint`` (file, folder, or sharded index) into ``model`` in place, following ``device_map``.
 
     Weights mapped to "disk" are indexed in ``offload_folder`` (``index.json``); with
-    ``offload_state_dict`` CPU weights are kept out of RAM until every file has been read.
+    ``offload_state_dict`` CPU weights are kept out of RAM until every file has been read. With
+    ``offload_8bit_bnb`` the full-precision weights of bitsandbytes 8-bit parameters mapped to "disk"
+    are quantized on the CPU first, and the int8 weight and its row statistics (``<module>.SCB``) are
+    offloaded instead (accel-quant's ``load_and_quantize_model`` reloads them).
     """
     if broadcast_from_rank0:
         raise NotImplementedError(
             "broadcast_from_rank0=True is not supported by accel-bigmodel yet: load on every rank, or load "
             "on rank 0 and use accel-train's FSDP loading."
         )
-    if offload_8bit_bnb:
-        raise NotImplementedError("offload_8bit_bnb is handled by accel-quant's load_and_quantize_model.")
     torch_dtype = str_to_dtype(dtype) if dtype is not None else None
     fp32_modules = list(keep_in_fp32_modules or [])
     if device_map is not None:
@@ -180,6 +181,10 @@ def load_checkpoint_in_model(
                 device = device_for(name, device_map) if device_map is not None else "cpu"
                 device = "cpu" if device is None else device
                 if device == "disk" and (offload_buffers or name not in buffer_names):
+                    if offload_8bit_bnb and _is_8bit_bnb_param(current) and stored.is_floating_point:
+                        value = maps.tensor(item) if safetensors_file else item
+                        _quantize_and_offload_8bit(current, name, value, str(offload_folder), offload_index)
+                        continue
                     if safetensors_file:
                         offload_index[name] = {
                             "safetensors_file": os.path.abspath(path),
@@ -247,6 +252,22 @@ def _place(modules: dict[str, nn.Module], name: str, value: torch.Tensor, dtype:
         if cls is nn.Parameter
         else cls(value, requires_grad=requires_grad)
     )
+
+
+def _is_8bit_bnb_param(param: torch.Tensor) -> bool:
+    """A bitsandbytes ``Int8Params`` (recognised by name: accel-bigmodel does not import bitsandbytes)."""
+    return type(param).__name__ == "Int8Params"
+
+
+def _quantize_and_offload_8bit(
+    placeholder: torch.Tensor, name: str, value: torch.Tensor, folder: str, index: dict[str, Any]
+) -> None:
+    """Quantize one full-precision weight to int8 on the CPU and offload it with its ``SCB`` statistics."""
+    param_cls: Any = type(placeholder)
+    quantized = param_cls(value.to("cpu"), requires_grad=False, has_fp16_weights=False).to("cpu")
+    offload_weight(quantized.data, name, folder, index=index)
+    module_name = name.rpartition(".")[0]
+    offload_weight(quantized.SCB, f"{module_name}.SCB" if module_name else "SCB", folder, index=index)
 
 
 def _is_weight(item: object) -> bool:

@@ -21,14 +21,10 @@ PRECISIONS: dict[str, str] = {
     "no": "accel_train.precisions.base:Precision",
     "fp16": "accel_train.precisions.amp:AutocastPrecision",
     "bf16": "accel_train.precisions.amp:AutocastPrecision",
+    "fp8": "accel_train.precisions.fp8:FP8Precision",
 }
 
-_MISSING: dict[str, str] = {
-    "fp8": (
-        "mixed_precision='fp8' needs FP8 kernels (TransformerEngine, MS-AMP or torchao), which accel provides "
-        "through accel-quant; FP8 training is not available yet in accel. Use 'bf16' or 'fp16'."
-    ),
-}
+_MISSING: dict[str, str] = {}
 
 
 def _missing(mode: str) -> Exception:
