@@ -38,3 +38,36 @@ def test_save_model_of_8bit_model_reloads_quantized(tmp_path) -> None:
     inputs = torch.randn(4, 32)
     with torch.no_grad():
         assert torch.equal(reloaded(inputs), quantized(inputs))
+
+
+class _WithAdapter(torch.nn.Module):
+    """A quantized body under a small trainable head (what peft's adapters amount to)."""
+
+    def __init__(self, body: torch.nn.Module) -> None:
+        super().__init__()
+        self.body = body
+        self.adapter = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.adapter(self.body(x))
+
+
+def test_prepare_refuses_a_pure_quantized_model_and_trains_one_with_adapters() -> None:
+    from accel_quant import BnbQuantizationConfig, load_and_quantize_model
+
+    torch.manual_seed(0)
+    quantized = load_and_quantize_model(_model(), BnbQuantizationConfig(load_in_8bit=True))
+    for param in quantized.parameters():
+        param.requires_grad_(False)
+    accelerator = Accelerator(cpu=True)
+    with pytest.raises(ValueError, match="not possible to train a pure 8-bit or 4-bit model"):
+        accelerator.prepare(quantized)
+    assert accelerator.prepare_model(quantized, evaluation_mode=True) is quantized  # inference is fine
+
+    model = _WithAdapter(quantized)
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    before = model.adapter.weight.detach().clone()
+    accelerator.backward(model(torch.randn(4, 32)).pow(2).mean())
+    optimizer.step()
+    assert not torch.equal(model.adapter.weight, before)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -174,8 +175,17 @@ class Strategy:
     def setup_model(
         self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
     ) -> torch.nn.Module:
-        """Place the model, convert it for the precision, wrap it (unless evaluating), compile it."""
-        if device_placement and getattr(model, "hf_device_map", None) is None:
+        """Place the model, convert it for the precision, wrap it (unless evaluating), compile it.
+
+        A model loaded in 8/4-bit stays where it was loaded; training it is checked against the
+        documented rules (trainable adapters, no offload, on the training device).
+        """
+        quantized = _is_low_bit(model)
+        if quantized and not evaluation_mode:
+            from accel_quant.training import check_trainable_quantized_model
+
+            check_trainable_quantized_model(model, device=self.device, distributed=self.state.num_processes > 1)
+        if device_placement and not quantized and getattr(model, "hf_device_map", None) is None:
             model = model.to(self.device)
         model = self.precision.convert_module(model)
         if not evaluation_mode:
@@ -343,6 +353,17 @@ class Strategy:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.device}, precision={self.precision!r})"
+
+
+def _is_low_bit(model: torch.nn.Module) -> bool:
+    """True for a model loaded in 8/4-bit (flagged, or holding bitsandbytes layers, which needs bitsandbytes loaded)."""
+    if getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False):
+        return True
+    if "bitsandbytes" not in sys.modules:
+        return False
+    from accel_quant.training import is_bnb_quantized
+
+    return bool(is_bnb_quantized(model))
 
 
 def _inner_optimizer(optimizer: Any) -> Any:
