@@ -152,7 +152,7 @@ def test_mixed_precision_policies() -> None:
 
 
 def test_ram_efficient_loading_switches() -> None:
-    from accel.utils import disable_fsdp_ram_efficient_loading, enable_fsdp_ram_efficient_loading
+    from accel_train.fsdp_utils import disable_fsdp_ram_efficient_loading, enable_fsdp_ram_efficient_loading
 
     with patch_environment(FSDP_CPU_RAM_EFFICIENT_LOADING="False"):
         enable_fsdp_ram_efficient_loading()
@@ -162,7 +162,7 @@ def test_ram_efficient_loading_switches() -> None:
 
 
 def test_canonical_names_and_optimizer_switch() -> None:
-    from accel.utils.fsdp_utils import fsdp2_canonicalize_names, fsdp2_switch_optimizer_parameters
+    from accel_train.fsdp_utils import fsdp2_canonicalize_names, fsdp2_switch_optimizer_parameters
 
     names = fsdp2_canonicalize_names({"_orig_mod._fsdp_wrapped_module.blocks.0._checkpoint_wrapped_module.w": 1})
     assert names == {"blocks.0.w": 1}
@@ -175,7 +175,7 @@ def test_canonical_names_and_optimizer_switch() -> None:
 
 
 def test_ensure_weights_retied_after_meta_init() -> None:
-    from accel.utils import ensure_weights_retied
+    from accel_train.fsdp_utils import ensure_weights_retied
 
     class Tied(torch.nn.Module):
         def __init__(self) -> None:
@@ -196,7 +196,7 @@ def test_ensure_weights_retied_after_meta_init() -> None:
 def test_fsdp2_grad_scaler_is_sharded() -> None:
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-    from accel.utils import get_fsdp2_grad_scaler
+    from accel_train.fsdp_utils import get_fsdp2_grad_scaler
 
     scaler = get_fsdp2_grad_scaler(device="cpu", init_scale=8.0)
     assert isinstance(scaler, ShardedGradScaler) and scaler.get_scale() == 8.0
@@ -248,7 +248,7 @@ def test_one_process_sharded_save_load_and_merge(tmp_path) -> None:
 
 
 def test_one_process_full_checkpoint_and_utilities(tmp_path) -> None:
-    from accel.utils import load_fsdp_model, load_fsdp_optimizer, save_fsdp_model, save_fsdp_optimizer
+    from accel_train.fsdp_utils import load_fsdp_model, load_fsdp_optimizer, save_fsdp_model, save_fsdp_optimizer
 
     accelerator, model, optimizer = _one_process(tmp_path, "FULL_STATE_DICT")
     folder = str(tmp_path / "ckpt")
@@ -269,7 +269,7 @@ def test_one_process_full_checkpoint_and_utilities(tmp_path) -> None:
 
 
 def test_shape_mismatch_in_a_full_checkpoint_names_the_tensor(tmp_path) -> None:
-    from accel.utils import load_fsdp_model, save_fsdp_model
+    from accel_train.fsdp_utils import load_fsdp_model, save_fsdp_model
 
     accelerator, model, _ = _one_process(tmp_path, "FULL_STATE_DICT")
     plugin = accelerator.state.fsdp_plugin
