@@ -121,3 +121,49 @@ def test_fp8_with_torchao_under_fsdp2(dist_pool, all_gather: bool) -> None:
     single = _train(Accelerator(cpu=True, mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs()]), _model(), 20)
     assert results[0]["losses"][-1] < 0.9 * results[0]["losses"][0]
     assert results[0]["losses"][-1] == pytest.approx(single[-1], rel=0.02)
+
+
+# -- FP8 with the FSDP strategy (fsdp_plugin, version 2; two gloo processes) ----------------------------------------------------------------
+
+
+def rank_fp8_fsdp_plugin() -> dict:
+    from accel_state.testing import reset_shared_state
+    from accel_train import FullyShardedDataParallelPlugin
+
+    reset_shared_state()
+    accelerator = Accelerator(
+        mixed_precision="fp8",
+        fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2),
+        kwargs_handlers=[AORecipeKwargs()],
+    )
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Linear(64, 64) for _ in range(3)), torch.nn.Linear(64, 16))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(accelerator.process_index))
+    y = torch.randn(32, 16, generator=torch.Generator().manual_seed(9))
+    losses = []
+    for _ in range(12):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    layers = [type(m).__name__ for m in accelerator.unwrap_model(model)]
+    return {"backend": accelerator.fp8_backend, "layers": layers, "losses": losses}
+
+
+@requires_torchao
+def test_fp8_trains_under_the_fsdp2_plugin(dist_pool) -> None:
+    for result in dist_pool.run(rank_fp8_fsdp_plugin):
+        assert result["backend"] == "AO"
+        assert result["layers"] == ["Linear", "Float8Linear", "Float8Linear", "Linear"]  # first and last kept
+        assert result["losses"][-1] < 0.5 * result["losses"][0]
+
+
+@requires_torchao
+def test_fp8_with_fsdp1_says_to_use_fsdp2() -> None:
+    from accel_train import FullyShardedDataParallelPlugin
+
+    with pytest.raises(ValueError, match="runs with FSDP2.*set fsdp_version=2"):
+        Accelerator(cpu=True, mixed_precision="fp8", fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1))

@@ -104,8 +104,11 @@ class FSDPStrategy(Strategy):
         plugin = getattr(state, "fsdp_plugin", None)
         if plugin is None:
             raise ValueError("the FSDP strategy needs a FullyShardedDataParallelPlugin (fsdp_plugin)")
-        if mode == "fp8":
-            raise ValueError("mixed_precision='fp8' is not available with FSDP in accel; use 'bf16' or 'fp16'")
+        if mode == "fp8" and plugin.fsdp_version != 2:
+            raise ValueError(
+                "mixed_precision='fp8' runs with FSDP2 (float8 layers sharded by fully_shard), not with FSDP1; "
+                "set fsdp_version=2, or use 'bf16' / 'fp16' with FSDP1"
+            )
 
     # -- facts ------------------------------------------------------------------------------------
 
