@@ -53,7 +53,7 @@ SCRIPT = textwrap.dedent(
     if accelerator.is_main_process:
         with open(os.path.join(folder, f"{phase}.json"), "w") as handle:
             json.dump({"state": state, "config": plugin.deepspeed_config, "stage": model.zero_optimization_stage(),
-                       "distributed_type": str(accelerator.distributed_type)}, handle, default=str)
+                       "distributed_type": accelerator.distributed_type.value}, handle, default=str)
     accelerator.end_training()
     """
 )

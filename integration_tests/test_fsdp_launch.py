@@ -81,7 +81,7 @@ SCRIPT = textwrap.dedent(
     accelerator.save_model(model, os.path.join(out_dir, "final_" + mode))
     if accelerator.is_main_process:
         info = facts(model)
-        info["distributed_type"] = str(accelerator.distributed_type)
+        info["distributed_type"] = accelerator.distributed_type.value
         with open(os.path.join(out_dir, "facts_" + mode + ".json"), "w") as handle:
             json.dump(info, handle)
     """

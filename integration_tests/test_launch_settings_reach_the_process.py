@@ -23,7 +23,7 @@ _SCRIPT = textwrap.dedent(
     if what == "fsdp":
         from accel_train import Accelerator
         accelerator = Accelerator()
-        out["distributed_type"] = str(accelerator.distributed_type)
+        out["distributed_type"] = accelerator.distributed_type.value
         plugin = accelerator.state.fsdp_plugin
         out.update({f.name: getattr(plugin, f.name) for f in dataclasses.fields(plugin)
                     if isinstance(getattr(plugin, f.name), (str, int, bool, list, type(None)))})

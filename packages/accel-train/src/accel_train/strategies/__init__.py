@@ -69,7 +69,7 @@ def strategy_name(distributed_type: DistributedType, parallelism_config: Any = N
         return "nd_parallel"
     if distributed_type in DDP_TYPES:
         return "ddp"
-    return _BY_TYPE.get(distributed_type, str(distributed_type).lower())
+    return _BY_TYPE.get(distributed_type, str(getattr(distributed_type, "value", distributed_type)).lower())
 
 
 def _missing(name: str) -> Exception:
