@@ -62,6 +62,8 @@ _export(
     "fsdp2_canonicalize_names",
     "fsdp2_switch_optimizer_parameters",
     "ensure_weights_retied",
+)
+_export(
     "deepspeed_utils",
     "DeepSpeedEngineWrapper",
     "DeepSpeedOptimizerWrapper",
