@@ -24,30 +24,11 @@ WIDTH, DEPTH, BATCH, STEPS = 256, 4, 32, 30
 
 
 def _model():
-    import torch
+    """The benchmark model and its block class (the unit each side wraps)."""
+    from _block_net import block_net
 
-    class Block(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.up = torch.nn.Linear(WIDTH, 4 * WIDTH)
-            self.down = torch.nn.Linear(4 * WIDTH, WIDTH)
-
-        def forward(self, x):
-            return x + self.down(torch.relu(self.up(x)))
-
-    class Net(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.blocks = torch.nn.ModuleList([Block() for _ in range(DEPTH)])
-            self.head = torch.nn.Linear(WIDTH, 1)
-
-        def forward(self, x):
-            for block in self.blocks:
-                x = block(x)
-            return self.head(x)
-
-    torch.manual_seed(0)
-    return Net(), Block
+    model = block_net(WIDTH, DEPTH)
+    return model, type(model.blocks[0])
 
 
 def _batches():
