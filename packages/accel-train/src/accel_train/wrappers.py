@@ -13,7 +13,14 @@ import torch
 
 from accel_train.plugins import TorchDynamoPlugin
 
-__all__ = ["compile_model", "compile_regions", "has_compiled_regions", "is_compiled", "unwrap_model"]
+__all__ = [
+    "compile_model",
+    "compile_regions",
+    "has_compiled_regions",
+    "is_compiled",
+    "repeated_block_lists",
+    "unwrap_model",
+]
 
 #: Classes whose ``.module`` is the model they wrap.
 _WRAPPER_NAMES = frozenset(
@@ -34,16 +41,23 @@ def compile_model(model: torch.nn.Module, plugin: TorchDynamoPlugin) -> torch.nn
     return torch.compile(model, **kwargs)  # type: ignore[return-value]
 
 
+def repeated_block_lists(model: torch.nn.Module) -> list[torch.nn.ModuleList]:
+    """The ``ModuleList`` s of ``model`` that hold several blocks of one class (a transformer's layers)."""
+    return [
+        module
+        for module in model.modules()
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1
+    ]
+
+
 def compile_regions(model: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
     """Compile each block of a ``ModuleList`` of identical blocks once (same code, reused graphs);
     the whole model when it has no such list."""
-    compiled_any = False
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1:
-            for index, block in enumerate(module):
-                module[index] = torch.compile(block, **compile_kwargs)  # type: ignore[assignment]
-            compiled_any = True
-    return model if compiled_any else torch.compile(model, **compile_kwargs)  # type: ignore[return-value]
+    lists = repeated_block_lists(model)
+    for module in lists:
+        for index, block in enumerate(module):
+            module[index] = torch.compile(block, **compile_kwargs)  # type: ignore[assignment]
+    return model if lists else torch.compile(model, **compile_kwargs)  # type: ignore[return-value]
 
 
 def has_compiled_regions(model: torch.nn.Module) -> bool:

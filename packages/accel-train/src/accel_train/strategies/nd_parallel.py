@@ -25,17 +25,14 @@ import torch
 
 from accel_train import fsdp_state
 from accel_train.strategies.base import CheckpointEntry, ParallelDims, Strategy
+from accel_train.wrappers import repeated_block_lists
 
 __all__ = ["NDParallelStrategy"]
 
 
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated blocks of a model: the children of its ``ModuleList`` s of one block class."""
-    found: list[torch.nn.Module] = []
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1:
-            found.extend(module)
-    return found
+    return [block for blocks in repeated_block_lists(model) for block in blocks]
 
 
 class NDParallelStrategy(Strategy):
@@ -179,10 +176,9 @@ class NDParallelStrategy(Strategy):
     def _checkpoint_blocks(model: torch.nn.Module) -> None:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-        for module in model.modules():
-            if isinstance(module, torch.nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1:
-                for index, block in enumerate(module):
-                    module[index] = checkpoint_wrapper(block)
+        for blocks in repeated_block_lists(model):
+            for index, block in enumerate(blocks):
+                blocks[index] = checkpoint_wrapper(block)
 
     def _fully_shard(self, model: torch.nn.Module, fsdp_plugin: Any) -> torch.nn.Module:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -204,19 +200,12 @@ class NDParallelStrategy(Strategy):
     # -- training step ----------------------------------------------------------------------------------
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
-        setter = getattr(model, "set_requires_gradient_sync", None)
-        if setter is None:
+        """FSDP2's switch for gradient reduction, off inside the block (the FSDP strategy's helper)."""
+        if not hasattr(model, "set_requires_gradient_sync"):
             return contextlib.nullcontext()
+        from accel_train.strategies.fsdp import _gradient_sync
 
-        @contextlib.contextmanager
-        def local_gradients() -> Any:
-            setter(False)
-            try:
-                yield
-            finally:
-                setter(True)
-
-        return local_gradients()
+        return _gradient_sync(model, False)
 
     def clip_grad_norm_(
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float, optimizers: Iterable[Any]
