@@ -175,6 +175,7 @@ _ALL: tuple[EnvVar, ...] = (
     _v("PARALLELISM_CONFIG_DP_SHARD_SIZE", "int", 1, "data parallel shard size"),
     _v("PARALLELISM_CONFIG_TP_SIZE", "int", 1, "tensor parallel size"),
     _v("PARALLELISM_CONFIG_CP_SIZE", "int", 1, "context parallel size"),
+    _v("PARALLELISM_CONFIG_PP_SIZE", "int", 1, "pipeline parallel size (accel extension)"),
     _v("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "str", "allgather", "context parallel communication"),
     _v("PARALLELISM_CONFIG_CP_BACKEND", "str", "torch", "context parallel backend"),
     _v("PARALLELISM_CONFIG_SP_SIZE", "int", 1, "sequence parallel size"),

@@ -11,7 +11,7 @@ from accel_train.plugin_env import env_value
 
 __all__ = ["ParallelismConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig", "TorchTensorParallelPlugin"]
 
-_SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size")
+_SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size", "pp_size")
 
 
 @dataclass
@@ -63,9 +63,11 @@ class ParallelismConfig:
     cp_backend: str | None = None
     sp_size: int | None = None
     sp_backend: str | None = None
+    pp_size: int | None = None
     tp_handler: Any = None
     cp_handler: Any = None
     sp_handler: Any = None
+    pp_handler: Any = None
 
     def __post_init__(self) -> None:
         for name in _SIZES:
@@ -86,6 +88,15 @@ class ParallelismConfig:
             )
         if self.tp_handler is None and self.tp_size > 1:  # type: ignore[operator]
             self.tp_handler = TorchTensorParallelConfig()
+        if self.pp_size > 1:  # type: ignore[operator]
+            from accel_train.strategies.pipeline.config import PipelineParallelConfig
+
+            if self.pp_handler is None:
+                self.pp_handler = PipelineParallelConfig()
+            elif not isinstance(self.pp_handler, PipelineParallelConfig):
+                raise TypeError(
+                    f"ParallelismConfig.pp_handler must be a PipelineParallelConfig, got {self.pp_handler!r}"
+                )
 
     @classmethod
     def from_env(cls) -> ParallelismConfig | None:
@@ -95,12 +106,18 @@ class ParallelismConfig:
     @property
     def total_size(self) -> int:
         """Product of every dimension's size."""
-        return self.dp_replicate_size * self.dp_shard_size * self.tp_size * self.cp_size * self.sp_size  # type: ignore[operator]
+        return self.dp_replicate_size * self.dp_shard_size * self.tp_size * self.cp_size * self.sp_size * self.pp_size  # type: ignore[operator]
 
     @property
     def is_trivial(self) -> bool:
         """True when there is at most plain (replicated) data parallelism."""
-        return self.dp_shard_size == 1 and self.tp_size == 1 and self.cp_size == 1 and self.sp_size == 1
+        return (
+            self.dp_shard_size == 1
+            and self.tp_size == 1
+            and self.cp_size == 1
+            and self.sp_size == 1
+            and self.pp_size == 1
+        )
 
     # -- the mesh ------------------------------------------------------------------------------------
     # Dimensions in the fixed order dp_replicate, dp_shard, cp, tp (outermost first): tensor-parallel
@@ -226,5 +243,6 @@ _ENV_SIZES = frozenset(
         "PARALLELISM_CONFIG_DP_SHARD_SIZE",
         "PARALLELISM_CONFIG_TP_SIZE",
         "PARALLELISM_CONFIG_CP_SIZE",
+        "PARALLELISM_CONFIG_PP_SIZE",
     }
 )

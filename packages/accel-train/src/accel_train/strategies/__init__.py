@@ -26,6 +26,7 @@ STRATEGIES: dict[str, str] = {
     "fsdp": "accel_train.strategies.fsdp:FSDPStrategy",
     "deepspeed": "accel_train.strategies.deepspeed:DeepSpeedStrategy",
     "nd_parallel": "accel_train.strategies.nd_parallel:NDParallelStrategy",
+    "pipeline": "accel_train.strategies.pipeline.strategy:PipelineStrategy",
 }
 
 #: Documented backends whose strategy is not registered: what to tell the user.
@@ -65,6 +66,8 @@ def strategy_name(distributed_type: DistributedType, parallelism_config: Any = N
     """
     if distributed_type == DistributedType.DEEPSPEED:
         return "deepspeed"  # DeepSpeed runs its own sequence parallelism (Ulysses, sp_size)
+    if (getattr(parallelism_config, "pp_size", 1) or 1) > 1:
+        return "pipeline"
     if parallelism_config is not None and not getattr(parallelism_config, "is_trivial", True):
         return "nd_parallel"
     if distributed_type in DDP_TYPES:

@@ -49,6 +49,8 @@ class ParallelDims:
     dp_shard_rank: int = 0
     tp_rank: int = 0
     cp_rank: int = 0
+    pp_size: int = 1
+    pp_rank: int = 0
 
     @property
     def data_parallel_size(self) -> int:
