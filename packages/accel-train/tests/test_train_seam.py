@@ -57,8 +57,7 @@ def test_strategy_name_follows_the_distributed_type_and_mesh(distributed_type, c
 def test_registered_strategies_load_by_name() -> None:
     assert strategy_class("single_device") is SingleDeviceStrategy
     assert strategy_class("ddp") is DDPStrategy
-    with pytest.raises(BackendNotAvailableError, match="Megatron-LM.*not available yet"):
-        strategy_class("megatron_lm")
+    assert strategy_class("megatron_lm").name == "megatron_lm" and strategy_class("xla").name == "xla"
     with pytest.raises(KeyError, match="no strategy named 'warp'.*registered"):
         strategy_class("warp")
 

@@ -231,6 +231,7 @@ OPTIONS: tuple[Option, ...] = (
     _O("parallelism_config_dp_shard_size", "int", G_PARALLELISM, "Data parallel shard size.", "parallelism_config", default=1),
     _O("parallelism_config_tp_size", "int", G_PARALLELISM, "Tensor parallel size.", "parallelism_config", default=1),
     _O("parallelism_config_cp_size", "int", G_PARALLELISM, "Context parallel size.", "parallelism_config", default=1),
+    _O("parallelism_config_pp_size", "int", G_PARALLELISM, "Pipeline parallel size (accel extension).", "parallelism_config", default=1),
     _O("parallelism_config_cp_comm_strategy", "str", G_PARALLELISM, "Context parallel communication (allgather or alltoall).", "parallelism_config", default="allgather", choices=tuple(ContextParallelCommStrategy.list())),
     _O("parallelism_config_cp_backend", "str", G_PARALLELISM, "Context parallel backend.", "parallelism_config", default='torch', choices=('torch',)),
     _O("parallelism_config_sp_size", "int", G_PARALLELISM, "Sequence parallel size.", "parallelism_config", default=1),

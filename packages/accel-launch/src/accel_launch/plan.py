@@ -380,7 +380,7 @@ def build_env(
         protocol.update(_megatron_env(values))
     if values.get("use_parallelism_config"):
         protocol["ACCELERATE_USE_PARALLELISM_CONFIG"] = True
-        for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_comm_strategy"):
+        for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_comm_strategy", "pp_size"):
             protocol[f"PARALLELISM_CONFIG_{name.upper()}"] = values[f"parallelism_config_{name}"]
         for name in ("cp_backend", "sp_size", "sp_backend"):
             protocol[f"PARALLELISM_CONFIG_{name.upper()}"] = values.get(f"parallelism_config_{name}")

@@ -345,6 +345,7 @@ class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin)
             non_blocking=config.non_blocking,
             use_stateful_dataloader=self.use_stateful_dataloader,
         )
+        prepared = self._strategy.wrap_data_loader(prepared)
         _mark_prepared(prepared)
         self._dataloaders.append(prepared)
         return prepared

@@ -27,13 +27,12 @@ STRATEGIES: dict[str, str] = {
     "deepspeed": "accel_train.strategies.deepspeed:DeepSpeedStrategy",
     "nd_parallel": "accel_train.strategies.nd_parallel:NDParallelStrategy",
     "pipeline": "accel_train.strategies.pipeline.strategy:PipelineStrategy",
+    "megatron_lm": "accel_train.strategies.megatron.strategy:MegatronLMStrategy",
+    "xla": "accel_train.strategies.xla.strategy:XLAStrategy",
 }
 
 #: Documented backends whose strategy is not registered: what to tell the user.
-_NOT_YET: dict[str, str] = {
-    "megatron_lm": "Megatron-LM (megatron_lm_plugin)",
-    "xla": "XLA / TPU training",
-}
+_NOT_YET: dict[str, str] = {}
 
 #: Distributed types run by replicating the model on every process (DistributedDataParallel).
 DDP_TYPES = frozenset(

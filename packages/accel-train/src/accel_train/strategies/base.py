@@ -251,6 +251,10 @@ class Strategy:
         """Context sharding ``buffers`` over context-parallel ranks (nothing without context parallelism)."""
         return contextlib.nullcontext()
 
+    def wrap_data_loader(self, data_loader: Any) -> Any:
+        """The prepared data loader as the backend iterates it (the same loader here; XLA's device loader)."""
+        return data_loader
+
     def ulysses_dl_adapter(self, dataloader: Any, model: Any) -> Any:
         """The data loader adapted for the backend's sequence parallelism (the same loader without it);
         behind ``Accelerator.deepspeed_ulysses_dl_adapter``."""

@@ -1,0 +1,111 @@
+"""XLA / TPU: torch_xla cannot be installed here, so these tests stop at its boundary: the named error
+without it, and what the strategy asks of the device layer (gradient reduction once per optimizer
+step, the device loader, a graph cut before a checkpoint is read), checked against a small fake of
+``torch_xla.core.xla_model`` and ``torch_xla.distributed.parallel_loader`` (nothing real can run)."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import sys
+import types
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from accel_train import Accelerator
+from accel_train.parallel_plugins import BackendNotAvailableError
+from accel_train.strategies import strategy_class
+from accel_train.strategies.xla.strategy import XLAOptimizer, XLAStrategy, torch_xla_available
+
+
+def _strategy(accelerator: Accelerator) -> XLAStrategy:
+    return XLAStrategy(accelerator.state, accelerator._strategy.precision)
+
+
+@pytest.mark.skipif(torch_xla_available(), reason="checks the error given without torch_xla")
+def test_without_torch_xla_prepare_names_what_is_missing() -> None:
+    assert strategy_class("xla") is XLAStrategy
+    strategy = _strategy(Accelerator(cpu=True))
+    with pytest.raises(BackendNotAvailableError, match="XLA / TPU training needs torch_xla.*accel-train\\[xla\\]"):
+        strategy.setup([torch.nn.Linear(2, 2)], [], [], [True])
+    assert strategy.setup([], [], [], []).models == []  # nothing to place: nothing asked of torch_xla
+
+
+class _FakeXLA:
+    """Records what the strategy asks of ``xla_model`` (one process: reducing gradients leaves them as they are)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def reduce_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        assert isinstance(optimizer, torch.optim.Optimizer)
+        self.calls.append("reduce_gradients")
+
+    def mark_step(self) -> None:
+        self.calls.append("mark_step")
+
+
+class _FakeDeviceLoader:
+    def __init__(self, loader, device) -> None:
+        self.loader, self.device = loader, device
+
+    def __iter__(self) -> Iterator:
+        return iter(self.loader)
+
+
+@pytest.fixture
+def fake_xla(monkeypatch: pytest.MonkeyPatch) -> _FakeXLA:
+    fake = _FakeXLA()
+    modules = {
+        "torch_xla": types.ModuleType("torch_xla"),
+        "torch_xla.core": types.ModuleType("torch_xla.core"),
+        "torch_xla.core.xla_model": types.ModuleType("torch_xla.core.xla_model"),
+        "torch_xla.distributed": types.ModuleType("torch_xla.distributed"),
+        "torch_xla.distributed.parallel_loader": types.ModuleType("torch_xla.distributed.parallel_loader"),
+    }
+    for name, module in modules.items():
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        monkeypatch.setitem(sys.modules, name, module)
+    modules["torch_xla.core.xla_model"].reduce_gradients = fake.reduce_gradients  # type: ignore[attr-defined]
+    modules["torch_xla.core.xla_model"].mark_step = fake.mark_step  # type: ignore[attr-defined]
+    modules["torch_xla.distributed.parallel_loader"].MpDeviceLoader = _FakeDeviceLoader  # type: ignore[attr-defined]
+    return fake
+
+
+def test_gradients_are_reduced_once_per_optimizer_step(fake_xla: _FakeXLA) -> None:
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    strategy = _strategy(accelerator)
+    model = torch.nn.Linear(2, 1)
+    prepared = strategy.setup([model], [torch.optim.SGD(model.parameters(), lr=0.1)], [], [True])
+    optimizer = strategy.wrap_optimizer(prepared.optimizers[0], True)
+    assert isinstance(optimizer, XLAOptimizer)
+    x = torch.ones(4, 2)
+    for _ in range(2):  # one accumulation step, then the sync step
+        with accelerator.accumulate(prepared.models[0]):
+            strategy.backward(prepared.models[0](x).sum(), 2)
+            optimizer.step()
+            optimizer.zero_grad()
+    assert fake_xla.calls == ["reduce_gradients"]
+    with accelerator.accumulate(prepared.models[0]):
+        pass
+    fake_xla.calls.clear()
+    prepared.models[0](x).sum().backward()
+    accelerator.gradient_state._set_sync_gradients(True)
+    strategy.clip_grad_norm_(model.parameters(), 1.0, 2.0, [optimizer])
+    optimizer.step()  # clipping reduced the gradients already
+    assert fake_xla.calls == ["reduce_gradients"]
+    assert not accelerator.gradient_state.is_xla_gradients_synced
+
+
+def test_loaders_go_through_the_device_loader_and_checkpoints_cut_the_graph(fake_xla: _FakeXLA) -> None:
+    accelerator = Accelerator(cpu=True)
+    strategy = _strategy(accelerator)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(4.0)), batch_size=2)
+    wrapped = strategy.wrap_data_loader(loader)
+    assert isinstance(wrapped, _FakeDeviceLoader) and wrapped.device == strategy.device
+    assert [batch[0].tolist() for batch in wrapped] == [[0.0, 1.0], [2.0, 3.0]]
+    model = torch.nn.Linear(2, 1)
+    weights = strategy.checkpoint_weights(model)
+    assert fake_xla.calls == ["mark_step"]
+    assert set(weights) == {"weight", "bias"} and all(v.device.type == "cpu" for v in weights.values())
