@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import types
 from collections.abc import Iterator
 
 import pytest
@@ -198,3 +199,51 @@ def test_two_stages_by_two_data_parallel_with_accumulation(pool4: DistributedPoo
     results = pool4.run(rank_train, {"pp_size": 2, "dp_replicate_size": 2}, "1f1b", 6, 4, 2, None)
     _check(results, global_batch=8, steps=6, accumulation=2)
     assert sorted(r["dims"] for r in results) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+def test_what_the_pipeline_does_not_combine_with_is_refused_by_name() -> None:
+    from accel_train.strategies.pipeline.strategy import PipelineStrategy
+
+    def state(**sizes):
+        return types.SimpleNamespace(parallelism_config=ParallelismConfig(**sizes), num_processes=4)
+
+    PipelineStrategy.validate(state(pp_size=2, dp_replicate_size=2), None, "bf16")
+    with pytest.raises(NotImplementedError, match=r"combines with dp_replicate_size only; \{'tp_size': 2\}"):
+        PipelineStrategy.validate(state(pp_size=2, tp_size=2), None, "no")
+    with pytest.raises(NotImplementedError, match="mixed_precision='fp16' needs a gradient scaler"):
+        PipelineStrategy.validate(state(pp_size=2, dp_replicate_size=2), None, "fp16")
+    with pytest.raises(ValueError, match="multiply to 2"):
+        PipelineStrategy.validate(state(pp_size=2), None, "no")
+    fsdp = state(pp_size=2, dp_replicate_size=2)
+    fsdp.fsdp_plugin = object()
+    with pytest.raises(ValueError, match="cannot be combined with the fsdp_plugin"):
+        PipelineStrategy.validate(fsdp, None, "no")
+
+
+def rank_bad_calls() -> list[str]:
+    reset_shared_state()
+    from accel_train import Accelerator
+
+    handler = PipelineParallelConfig(num_microbatches=4)
+    accelerator = Accelerator(parallelism_config=ParallelismConfig(pp_size=2, pp_handler=handler))
+    model = accelerator.prepare(_net())
+    x, y = _data().tensors
+    errors = []
+    for call in (
+        lambda: model(x[:6], target=y[:6], loss_fn=_mse),
+        lambda: model(x[:8], target=y[:8]),
+        lambda: accelerator.backward(_mse(torch.zeros(1, requires_grad=True), torch.ones(1))),
+    ):
+        try:
+            call()
+        except ValueError as exc:
+            errors.append(str(exc))
+    return errors
+
+
+def test_bad_calls_say_what_to_change(dist_pool: DistributedPool) -> None:
+    for errors in dist_pool.run(rank_bad_calls):
+        assert len(errors) == 3
+        assert "6 samples, which do not split into 4 equal micro-batches" in errors[0]
+        assert "give loss_fn in PipelineParallelConfig(loss_fn=...)" in errors[1]
+        assert "pass to accelerator.backward the loss returned by the prepared model" in errors[2]

@@ -13,7 +13,7 @@ import torch
 __all__ = ["TINY_GPT", "compare_with_plain_pytorch"]
 
 #: Sizes of the tiny GPT (a transformers GPT-2 config's names).
-TINY_GPT = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 128, "n_positions": 32}
+TINY_GPT: dict[str, Any] = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 128, "n_positions": 32}
 
 
 class _ConfigOnly(torch.nn.Module):
@@ -28,7 +28,7 @@ class _ConfigOnly(torch.nn.Module):
 def _batches(steps: int, batch: int = 4, seq: int = 32) -> list[dict[str, torch.Tensor]]:
     generator = torch.Generator().manual_seed(0)
     return [
-        {"input_ids": torch.randint(0, TINY_GPT["vocab_size"], (batch, seq), generator=generator).cuda()}
+        {"input_ids": torch.randint(0, int(TINY_GPT["vocab_size"]), (batch, seq), generator=generator).cuda()}
         for _ in range(steps)
     ]
 

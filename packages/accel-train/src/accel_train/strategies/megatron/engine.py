@@ -94,14 +94,16 @@ class MegatronEngine(torch.nn.Module):
         return value
 
     def zero_grad_buffer(self) -> None:
+        chunk: Any
         for chunk in self.module:
             chunk.zero_grad_buffer()
 
     def sharded_state_dict(self) -> dict[str, Any]:
         """The chunks' sharded state dict (megatron-core distributed checkpointing)."""
-        if len(self.module) == 1:
-            return self.module[0].sharded_state_dict()  # type: ignore[no-any-return]
-        return {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(self.module)}
+        chunks: list[Any] = list(self.module)
+        if len(chunks) == 1:
+            return chunks[0].sharded_state_dict()  # type: ignore[no-any-return]
+        return {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(chunks)}
 
 
 class MegatronOptimizerWrapper:

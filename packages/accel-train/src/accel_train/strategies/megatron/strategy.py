@@ -212,8 +212,7 @@ class MegatronLMStrategy(Strategy):
 
     def _batch_sizes(self, data_loaders: Sequence[Any]) -> None:
         """Micro-batch and global batch sizes from the prepared loaders' per-process batch size."""
-        sizes = [getattr(loader, "batch_size", None) for loader in data_loaders]
-        sizes = [size for size in sizes if size]
+        sizes: list[int] = [int(size) for loader in data_loaders if (size := getattr(loader, "batch_size", None))]
         if sizes and self.plugin.micro_batch_size is None:
             per_process = min(sizes) if self.plugin.is_train_batch_min else max(sizes)
             micro = max(per_process // (self.plugin.num_micro_batches or 1), 1)
@@ -335,9 +334,8 @@ class MegatronLMStrategy(Strategy):
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float, optimizers: Iterable[Any]
     ) -> torch.Tensor:
         """megatron-core clips in its optimizer step (``MegatronLMPlugin.gradient_clipping``): the last norm."""
-        norms = [getattr(o, "grad_norm", None) for o in optimizers]
-        norms = [n for n in norms if n is not None]
-        return torch.tensor(float(norms[-1]) if norms else 0.0)
+        norms = [float(norm) for o in optimizers if (norm := getattr(o, "grad_norm", None)) is not None]
+        return torch.tensor(norms[-1] if norms else 0.0)
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()

@@ -64,7 +64,8 @@ class PipelinedModel(torch.nn.Module):
         object.__setattr__(self, "_strategy", strategy)
 
     def forward(self, *args: Any, target: Any = None, loss_fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
-        return self._strategy.run(self, args, kwargs, target, loss_fn)
+        strategy: PipelineStrategy = self.__dict__["_strategy"]
+        return strategy.run(self, args, kwargs, target, loss_fn)
 
 
 class PipelineStrategy(Strategy):
@@ -92,7 +93,7 @@ class PipelineStrategy(Strategy):
         self.dp_rank = self._mesh["dp_replicate"].get_local_rank()
         self._models: list[PipelinedModel] = []
         self._dropped: set[int] = set()  # ids of parameters that live on other stages
-        self._schedules: dict[tuple[int, int], Any] = {}
+        self._schedules: dict[tuple[int, int, bool], Any] = {}
         self._last_loss: torch.Tensor | None = None
 
     @classmethod
@@ -166,7 +167,7 @@ class PipelineStrategy(Strategy):
     ) -> torch.nn.Module:
         """Cut ``model`` into stages and keep this process's stage (placed, converted for the precision)."""
         bounds = stage_bounds(model, self.num_stages, self.pp_config.split_points)
-        stage = stage_module(model, bounds, self.stage_index)
+        stage: torch.nn.Module = stage_module(model, bounds, self.stage_index)
         kept = {id(p) for p in stage.parameters()}
         self._dropped.update(id(p) for p in model.parameters() if id(p) not in kept)
         if device_placement:
