@@ -75,6 +75,17 @@ _export(
     "get_active_deepspeed_plugin",
     "map_pytorch_optim_to_deepspeed",
 )
+_export(
+    "strategies.megatron",
+    "MegatronLMDummyScheduler",
+    "MegatronLMDummyDataLoader",
+    "AbstractTrainStep",
+    "GPTTrainStep",
+    "BertTrainStep",
+    "T5TrainStep",
+    "avg_losses_across_data_parallel_group",
+    "gather_across_data_parallel_groups",
+)
 
 __all__ = ["__version__", *_EXPORTS]
 

@@ -89,3 +89,17 @@ _DEEPSPEED = [
 ]
 UTILS.update({name: f"{_T}.deepspeed_utils" for name in _DEEPSPEED})
 MODULES["accel.utils.deepspeed"] = f"{_T}.deepspeed_utils"
+# Megatron-LM (accel-train's megatron strategy): the documented helpers under accel.utils and the
+# accel.utils.megatron_lm module path.
+_MEGATRON = [
+    "MegatronLMDummyScheduler",
+    "MegatronLMDummyDataLoader",
+    "AbstractTrainStep",
+    "GPTTrainStep",
+    "BertTrainStep",
+    "T5TrainStep",
+    "avg_losses_across_data_parallel_group",
+    "gather_across_data_parallel_groups",
+]
+UTILS.update({name: f"{_T}.strategies.megatron" for name in _MEGATRON})
+MODULES["accel.utils.megatron_lm"] = f"{_T}.strategies.megatron"
