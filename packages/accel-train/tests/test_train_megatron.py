@@ -199,3 +199,23 @@ def test_tiny_gpt_trains_like_plain_pytorch() -> None:  # pragma: no cover - nee
 
     losses, reference = compare_with_plain_pytorch(steps=5)
     assert losses == pytest.approx(reference, rel=1e-3)
+
+
+def test_bert_and_t5_train_steps_make_megatron_inputs() -> None:
+    from accel_train.strategies.megatron import BertTrainStep, T5TrainStep
+
+    bert = BertTrainStep(None)
+    batch = {"input_ids": torch.tensor([[3, 4, 5]]), "labels": torch.tensor([[-100, 9, -100]])}
+    _tokens, _types, labels, loss_mask, _padding = bert.get_batch(iter([batch]))
+    assert labels.tolist() == [[0, 9, 0]] and loss_mask.tolist() == [[0.0, 1.0, 0.0]]
+    t5 = T5TrainStep(None)
+    batch = {
+        "input_ids": torch.tensor([[3, 4, 0]]),
+        "attention_mask": torch.tensor([[1, 1, 0]]),
+        "labels": torch.tensor([[7, 8]]),
+    }
+    _enc, dec, labels, loss_mask, enc_mask, dec_mask, enc_dec_mask = t5.get_batch(iter([batch]))
+    assert dec.tolist() == [[0, 7]] and labels.tolist() == [[7, 8]]
+    assert enc_mask.shape == (1, 1, 3, 3) and enc_mask[0, 0, 0].tolist() == [False, False, True]
+    assert dec_mask[0, 0].tolist() == [[False, True], [False, False]]  # causal
+    assert enc_dec_mask.shape == (1, 1, 2, 3) and enc_dec_mask[0, 0, 1].tolist() == [False, False, True]

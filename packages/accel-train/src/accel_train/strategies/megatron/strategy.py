@@ -414,6 +414,8 @@ def _core_model(facts: Any, config: Any, other: dict[str, Any], pre: bool, post:
 
         return BertModel(
             config=config,
+            num_tokentypes=2,
+            add_binary_head=False,
             transformer_layer_spec=bert_layer_local_spec,
             vocab_size=facts.vocab_size,
             max_sequence_length=facts.max_position_embeddings,
@@ -421,13 +423,16 @@ def _core_model(facts: Any, config: Any, other: dict[str, Any], pre: bool, post:
             post_process=post,
         )
     from megatron.core.models.T5 import T5Model
-    from megatron.core.models.T5.t5_spec import decoder_model_with_local_spec, encoder_model_with_local_spec
+    from megatron.core.models.T5.t5_spec import (
+        get_t5_decoder_with_local_block_spec,
+        get_t5_encoder_with_local_block_spec,
+    )
 
     return T5Model(
         config=config,
         encoder_config=config,
-        transformer_encoder_layer_spec=encoder_model_with_local_spec(),
-        transformer_decoder_layer_spec=decoder_model_with_local_spec(),
+        transformer_encoder_layer_spec=get_t5_encoder_with_local_block_spec(facts.num_layers),
+        transformer_decoder_layer_spec=get_t5_decoder_with_local_block_spec(facts.num_layers),
         vocab_size=facts.vocab_size,
         max_sequence_length=facts.max_position_embeddings,
         pre_process=pre,

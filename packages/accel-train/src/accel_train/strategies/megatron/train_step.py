@@ -38,6 +38,12 @@ class AbstractTrainStep:
         raise NotImplementedError(f"{type(self).__name__}.get_loss_func")
 
 
+def _attention_mask(query_padding: Any, key_padding: Any) -> Any:
+    """megatron-core's ``[batch, 1, queries, keys]`` mask from two padding masks (True: not attended)."""
+    both = query_padding[:, None, :, None].float() * key_padding[:, None, None, :].float()
+    return both < 0.5
+
+
 def _masked_mean(losses: Any, loss_mask: Any) -> Any:
     mask = loss_mask.reshape(-1).float()
     return (losses.float().reshape(-1) * mask).sum() / mask.sum().clamp(min=1.0)
@@ -154,6 +160,8 @@ class T5TrainStep(AbstractTrainStep):
 
     def get_batch_func(self) -> Callable[[Iterator[Any]], Any]:
         def get_batch(data_iterator: Iterator[Any]) -> tuple[Any, ...]:
+            import torch
+
             batch = next(data_iterator)
             tokens_enc = batch["input_ids"]
             labels = batch["labels"]
@@ -162,9 +170,13 @@ class T5TrainStep(AbstractTrainStep):
             if tokens_dec is None:  # shift right, starting from token 0 (T5's decoder start)
                 tokens_dec = labels.clamp(min=0).roll(1, dims=1)
                 tokens_dec[:, 0] = 0
-            enc_mask = batch.get("attention_mask")
-            dec_mask = batch.get("decoder_attention_mask")
-            return tokens_enc, tokens_dec, labels.clamp(min=0), loss_mask, enc_mask, dec_mask
+            enc_pad = batch.get("attention_mask", torch.ones_like(tokens_enc))
+            dec_pad = batch.get("decoder_attention_mask", torch.ones_like(tokens_dec))
+            causal = torch.tril(torch.ones(tokens_dec.shape[1], tokens_dec.shape[1], device=tokens_dec.device))
+            enc_mask = _attention_mask(enc_pad, enc_pad)
+            dec_mask = _attention_mask(dec_pad, dec_pad) | (causal[None, None] < 0.5)
+            enc_dec_mask = _attention_mask(dec_pad, enc_pad)
+            return tokens_enc, tokens_dec, labels.clamp(min=0), loss_mask, enc_mask, dec_mask, enc_dec_mask
 
         return get_batch
 
@@ -179,8 +191,8 @@ class T5TrainStep(AbstractTrainStep):
 
     def get_forward_step_func(self) -> Callable[[Iterator[Any], Any], Any]:
         def forward_step(data_iterator: Iterator[Any], model: Any) -> tuple[Any, Any]:
-            tokens_enc, tokens_dec, labels, loss_mask, enc_mask, dec_mask = self.get_batch(data_iterator)
-            output = model(tokens_enc, tokens_dec, enc_mask, dec_mask, None, lm_labels=labels)
+            tokens_enc, tokens_dec, labels, loss_mask, enc_mask, dec_mask, enc_dec_mask = self.get_batch(data_iterator)
+            output = model(tokens_enc, tokens_dec, enc_mask, dec_mask, enc_dec_mask, lm_labels=labels)
             return output, partial(self.loss_func, loss_mask)
 
         return forward_step
