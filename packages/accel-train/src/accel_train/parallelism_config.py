@@ -174,7 +174,8 @@ class ParallelismConfig:
     def validate_world_size(self, num_processes: int) -> None:
         """Raise unless the sizes multiply to ``num_processes``, naming the product."""
         if self.total_size != num_processes:
-            product = " x ".join(f"{name.removesuffix('_size')} {getattr(self, name)}" for name in _SIZES)
+            shown = [name for name in _SIZES if name != "pp_size" or self.pp_size != 1]  # pp: an accel extension
+            product = " x ".join(f"{name.removesuffix('_size')} {getattr(self, name)}" for name in shown)
             raise ValueError(
                 f"ParallelismConfig sizes multiply to {self.total_size} ({product}) but the run has "
                 f"{num_processes} processes; change the sizes so that their product is {num_processes}"
