@@ -195,10 +195,15 @@ def test_two_stages_train_like_one_process(dist_pool: DistributedPool, schedule:
         torch.testing.assert_close(weights[key], value, atol=0, rtol=0)
 
 
-def test_two_stages_by_two_data_parallel_with_accumulation(pool4: DistributedPool) -> None:
-    results = pool4.run(rank_train, {"pp_size": 2, "dp_replicate_size": 2}, "1f1b", 6, 4, 2, None)
+@pytest.mark.parametrize("dp", ["dp_replicate_size", "dp_shard_size"])
+def test_two_stages_by_two_data_parallel_with_accumulation(pool4: DistributedPool, dp: str, tmp_path) -> None:
+    folder = str(tmp_path / "ckpt") if dp == "dp_shard_size" else None
+    results = pool4.run(rank_train, {"pp_size": 2, dp: 2}, "1f1b", 6, 4, 2, folder)
     _check(results, global_batch=8, steps=6, accumulation=2)
     assert sorted(r["dims"] for r in results) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for result in results:
+        for key, value in result.get("reloaded", result["state"]).items():
+            torch.testing.assert_close(value, result["state"][key], atol=0, rtol=0)
 
 
 def test_what_the_pipeline_does_not_combine_with_is_refused_by_name() -> None:
@@ -208,8 +213,16 @@ def test_what_the_pipeline_does_not_combine_with_is_refused_by_name() -> None:
         return types.SimpleNamespace(parallelism_config=ParallelismConfig(**sizes), num_processes=4)
 
     PipelineStrategy.validate(state(pp_size=2, dp_replicate_size=2), None, "bf16")
-    with pytest.raises(NotImplementedError, match=r"combines with dp_replicate_size only; \{'tp_size': 2\}"):
+    with pytest.raises(NotImplementedError, match=r"dp_shard_size only; \{'tp_size': 2\}"):
         PipelineStrategy.validate(state(pp_size=2, tp_size=2), None, "no")
+    with pytest.raises(NotImplementedError, match="one data-parallel dimension"):
+        PipelineStrategy.validate(
+            types.SimpleNamespace(
+                parallelism_config=ParallelismConfig(pp_size=2, dp_replicate_size=2, dp_shard_size=2), num_processes=8
+            ),
+            None,
+            "no",
+        )
     with pytest.raises(NotImplementedError, match="mixed_precision='fp16' needs a gradient scaler"):
         PipelineStrategy.validate(state(pp_size=2, dp_replicate_size=2), None, "fp16")
     with pytest.raises(ValueError, match="multiply to 2"):

@@ -1,7 +1,9 @@
-"""The pipeline strategy: stages over the ``pp`` dimension, data parallelism over ``dp_replicate``.
+"""The pipeline strategy: stages over the ``pp`` dimension, data parallelism over ``dp_replicate``
+(replicas) or ``dp_shard`` (FSDP2).
 
-The mesh is ``(pp, dp_replicate)``: processes ``r`` and ``r + dp`` are consecutive stages of one
-pipeline; the ``dp`` processes of a stage hold the same stage and average its gradients.
+The mesh is ``(pp, dp)``: processes ``r`` and ``r + dp`` are consecutive stages of one pipeline; the
+``dp`` processes of a stage hold the same stage (whole, or sharded by FSDP2 with
+``dp_shard_size``) and average its gradients.
 
 Calling the prepared model with a target runs one schedule step, the forward *and* backward of every
 micro-batch (that is what a pipeline schedule is), and returns the batch's loss on every rank;
@@ -80,17 +82,19 @@ class PipelineStrategy(Strategy):
         self.config.validate_world_size(state.num_processes)
         self.pp_config: PipelineParallelConfig = self.config.pp_handler or PipelineParallelConfig()
         self.num_stages = int(self.config.pp_size)
-        self.dp_size = int(self.config.dp_replicate_size)
+        self.sharded = int(self.config.dp_shard_size) > 1
+        self.dp_dim = "dp_shard" if self.sharded else "dp_replicate"
+        self.dp_size = int(self.config.dp_shard_size if self.sharded else self.config.dp_replicate_size)
         from torch.distributed.device_mesh import init_device_mesh
 
         self._mesh = init_device_mesh(
-            state.device.type, (self.num_stages, self.dp_size), mesh_dim_names=("pp", "dp_replicate")
+            state.device.type, (self.num_stages, self.dp_size), mesh_dim_names=("pp", self.dp_dim)
         )
         self.config._device_mesh = self._mesh
         self.pp_group = self._mesh["pp"].get_group()
-        self.dp_group = self._mesh["dp_replicate"].get_group()
+        self.dp_group = self._mesh[self.dp_dim].get_group()
         self.stage_index = self._mesh["pp"].get_local_rank()
-        self.dp_rank = self._mesh["dp_replicate"].get_local_rank()
+        self.dp_rank = self._mesh[self.dp_dim].get_local_rank()
         self._models: list[PipelinedModel] = []
         self._dropped: set[int] = set()  # ids of parameters that live on other stages
         self._schedules: dict[tuple[int, int, bool], Any] = {}
@@ -106,12 +110,17 @@ class PipelineStrategy(Strategy):
         """
         config = state.parallelism_config
         config.validate_world_size(state.num_processes)
-        others = {name: getattr(config, name) for name in ("dp_shard_size", "tp_size", "cp_size", "sp_size")}
+        others = {name: getattr(config, name) for name in ("tp_size", "cp_size", "sp_size")}
         used = {name: size for name, size in others.items() if size > 1}
         if used:
             raise NotImplementedError(
-                f"pipeline parallelism (pp_size={config.pp_size}) combines with dp_replicate_size only; "
-                f"{used} are not supported with it yet: set them to 1"
+                f"pipeline parallelism (pp_size={config.pp_size}) combines with dp_replicate_size or dp_shard_size "
+                f"only; {used} are not supported with it yet: set them to 1"
+            )
+        if config.dp_replicate_size > 1 and config.dp_shard_size > 1:
+            raise NotImplementedError(
+                f"pipeline parallelism combines with one data-parallel dimension: dp_replicate_size="
+                f"{config.dp_replicate_size} and dp_shard_size={config.dp_shard_size} are both above 1; keep one"
             )
         for plugin in ("deepspeed_plugins", "fsdp_plugin", "megatron_lm_plugin"):
             if getattr(state, plugin, None):
@@ -145,7 +154,10 @@ class PipelineStrategy(Strategy):
 
     @property
     def parallel_dims(self) -> ParallelDims:
-        dims = ParallelDims(dp_replicate_size=self.dp_size, dp_replicate_rank=self.dp_rank)
+        if self.sharded:
+            dims = ParallelDims(dp_shard_size=self.dp_size, dp_shard_rank=self.dp_rank)
+        else:
+            dims = ParallelDims(dp_replicate_size=self.dp_size, dp_replicate_rank=self.dp_rank)
         return _with_pp(dims, self.num_stages, self.stage_index)
 
     # -- set-up ---------------------------------------------------------------------------------------
@@ -159,8 +171,17 @@ class PipelineStrategy(Strategy):
         evaluation_mode: bool = False,
         data_loaders: Sequence[Any] = (),
     ) -> Prepared:
+        # FSDP2 replaces parameters by sharded ones: remember each one's name to rebind the optimizers.
+        names = {id(p): (index, name) for index, m in enumerate(models) for name, p in m.named_parameters()}
         prepared = [self.setup_model(m, placement, evaluation_mode) for m, placement in zip(models, device_placement)]
-        return Prepared(prepared, [self.setup_optimizer(o, prepared) for o in optimizers], list(schedulers))
+        built = [self.setup_optimizer(o, prepared) for o in optimizers]
+        if self.sharded:
+            from accel_train.strategies.nd_parallel import NDParallelStrategy
+
+            new_params = [dict(m.module.named_parameters()) for m in prepared]
+            for optimizer in built:
+                NDParallelStrategy._rebind(optimizer, names, new_params)
+        return Prepared(prepared, built, list(schedulers))
 
     def setup_model(
         self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
@@ -173,6 +194,11 @@ class PipelineStrategy(Strategy):
         if device_placement:
             stage = stage.to(self.device)
         stage = self.precision.convert_module(stage)
+        if self.sharded:
+            from torch.distributed.fsdp import fully_shard
+
+            # One FSDP2 unit per stage, kept gathered between micro-batches (the schedule runs several).
+            stage = fully_shard(stage, mesh=self._mesh["dp_shard"], reshard_after_forward=False)
         pipelined = PipelinedModel(self.compile(stage), self, self.stage_index)
         self._models.append(pipelined)
         return pipelined
@@ -273,7 +299,7 @@ class PipelineStrategy(Strategy):
 
     def all_reduce_gradients(self, model: PipelinedModel) -> None:
         """Average this stage's gradients over the data-parallel processes (one coalesced all-reduce)."""
-        if self.dp_size == 1:
+        if self.dp_size == 1 or self.sharded:  # FSDP2 reduce-scatters in the backward
             return
         from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
@@ -310,9 +336,9 @@ class PipelineStrategy(Strategy):
         grads = [p.grad for p in parameters if p.grad is not None]
         norm_type = float(norm_type)
         if grads:
-            local = torch.linalg.vector_norm(
-                torch.stack([torch.linalg.vector_norm(g, norm_type) for g in grads]), norm_type
-            )
+            norms = [torch.linalg.vector_norm(g, norm_type) for g in grads]
+            norms = [n.full_tensor() if hasattr(n, "full_tensor") else n for n in norms]  # FSDP2 shards
+            local = torch.linalg.vector_norm(torch.stack(norms), norm_type)
         else:
             local = torch.zeros((), device=self.device)
         local = local.float()
@@ -343,7 +369,7 @@ class PipelineStrategy(Strategy):
     def model_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The whole model's state dict on every rank (each stage sends its part); call it on every rank."""
         stage = self.unwrap_model(model, keep_torch_compile=False)
-        local = {k: v.detach() for k, v in stage.state_dict().items()}
+        local = {k: _full(v).detach() for k, v in stage.state_dict().items()}
         full: dict[str, Any] = {}
         for source in range(self.num_stages):
             meta = [[(k, tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in local.items()]]
@@ -419,6 +445,11 @@ class PipelineStrategy(Strategy):
         state = self.optimizer_state_dict(optimizer)
         dcp.load(state, checkpoint_id=os.path.join(folder, self.checkpoint_entries()["optimizer"].name(index)))
         set_optimizer_state_dict(stage, inner, state)
+
+
+def _full(tensor: Any) -> Any:
+    """The whole tensor of an FSDP2 shard (the tensor itself otherwise)."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def _with_pp(dims: ParallelDims, pp_size: int, pp_rank: int) -> ParallelDims:
