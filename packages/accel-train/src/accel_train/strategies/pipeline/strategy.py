@@ -178,7 +178,7 @@ class PipelineStrategy(Strategy):
         if self.sharded:
             from accel_train.strategies.nd_parallel import NDParallelStrategy
 
-            new_params = [dict(m.module.named_parameters()) for m in prepared]
+            new_params = [dict(m.get_submodule("module").named_parameters()) for m in prepared]
             for optimizer in built:
                 NDParallelStrategy._rebind(optimizer, names, new_params)
         return Prepared(prepared, built, list(schedulers))
@@ -198,7 +198,7 @@ class PipelineStrategy(Strategy):
             from torch.distributed.fsdp import fully_shard
 
             # One FSDP2 unit per stage, kept gathered between micro-batches (the schedule runs several).
-            stage = fully_shard(stage, mesh=self._mesh["dp_shard"], reshard_after_forward=False)
+            fully_shard(stage, mesh=self._mesh["dp_shard"], reshard_after_forward=False)  # in place
         pipelined = PipelinedModel(self.compile(stage), self, self.stage_index)
         self._models.append(pipelined)
         return pipelined
