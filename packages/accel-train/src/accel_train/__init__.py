@@ -1,12 +1,73 @@
 """accel-train: the Accelerator, its optimizer and scheduler wrappers, plugins and checkpoints.
 
 Names load on first use (module ``__getattr__``): ``import accel_train`` does no work.
+
+Each backend is one folder under ``strategies/``. The module paths of earlier releases
+(``accel_train.fsdp_utils``, ``accel_train.deepspeed_utils``, ``accel_train.parallelism_config``, ...)
+stay importable: :data:`MOVED_MODULES` names the real module behind each, and importing the old path
+gives that very module object (so ``mock.patch("accel_train.fsdp_utils.X")`` patches the running code).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
 from accel_state.lazy import lazy_exports
 from accel_train.__about__ import __version__
+
+_S = "accel_train.strategies"
+
+#: Old module path -> the module that now holds its code (one entry per moved module).
+MOVED_MODULES: dict[str, str] = {
+    "accel_train.fsdp_plugin": f"{_S}.fsdp.plugin",
+    "accel_train.fsdp_state": f"{_S}.fsdp.state",
+    "accel_train.fsdp_utils": f"{_S}.fsdp.utils",
+    "accel_train.fsdp_wrap": f"{_S}.fsdp.wrap",
+    "accel_train.merge": f"{_S}.fsdp.merge",
+    "accel_train.deepspeed_plugin": f"{_S}.deepspeed.plugin",
+    "accel_train.deepspeed_config": f"{_S}.deepspeed.config",
+    "accel_train.deepspeed_utils": f"{_S}.deepspeed.utils",
+    "accel_train.strategies.nd_parallel": f"{_S}.nd.strategy",
+    "accel_train.tensor_parallel": f"{_S}.nd.tensor_parallel",
+    "accel_train.parallelism_config": f"{_S}.nd.config",
+}
+
+
+class _MovedLoader(importlib.abc.Loader):
+    """Loads an old module path by importing the new one and returning that very module."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        return importlib.import_module(self.target)
+
+    def exec_module(self, module: ModuleType) -> None:
+        """Nothing to run: the target executed when it was imported."""
+
+
+class _MovedFinder(importlib.abc.MetaPathFinder):
+    """Finds the old module paths of :data:`MOVED_MODULES` (nothing else)."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        real = MOVED_MODULES.get(fullname)
+        if real is None:
+            return None
+        real_spec = importlib.util.find_spec(real)
+        origin = real_spec.origin if real_spec is not None else None
+        return importlib.machinery.ModuleSpec(fullname, _MovedLoader(real), origin=origin)
+
+
+if not any(isinstance(finder, _MovedFinder) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _MovedFinder())
 
 _EXPORTS: dict[str, str] = {}
 
@@ -46,9 +107,9 @@ _export(
 )
 _export("checkpointing", "CheckpointMismatchError")
 _export("checkpoint_io", "UnsafeCheckpointError")
-_export("merge", "merge_fsdp_weights")
+_export("strategies.fsdp.merge", "merge_fsdp_weights")
 _export(
-    "fsdp_utils",
+    "strategies.fsdp.utils",
     "save_fsdp_model",
     "load_fsdp_model",
     "save_fsdp_optimizer",
@@ -64,7 +125,7 @@ _export(
     "ensure_weights_retied",
 )
 _export(
-    "deepspeed_utils",
+    "strategies.deepspeed.utils",
     "DeepSpeedEngineWrapper",
     "DeepSpeedOptimizerWrapper",
     "DeepSpeedSchedulerWrapper",

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import torch
 
 from accel_state.imports import is_deepspeed_available
-from accel_train.deepspeed_config import get_value, load_config
+from accel_train.strategies.deepspeed.config import get_value, load_config
 from accel_train.optimizer import AcceleratedOptimizer
 from accel_train.scheduler import AcceleratedScheduler
 
@@ -296,3 +296,10 @@ def map_pytorch_optim_to_deepspeed(optimizer: torch.optim.Optimizer) -> Any:
             kwargs["betas"] = defaults["betas"]
         return DeepSpeedCPULion(optimizer.param_groups, **kwargs)
     return optimizer
+
+
+# The documented home of these names is ``accel_train.deepspeed_utils`` (an alias of this very module, see
+# ``accel_train.MOVED_MODULES``): that is where introspection and pickles find them.
+for _name in __all__:
+    globals()[_name].__module__ = "accel_train.deepspeed_utils"
+del _name

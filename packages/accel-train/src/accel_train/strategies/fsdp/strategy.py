@@ -1,9 +1,9 @@
 """Fully Sharded Data Parallel, version 1 (``FullyShardedDataParallel``) and 2 (``fully_shard``).
 
-The settings come from :class:`~accel_train.fsdp_plugin.FullyShardedDataParallelPlugin`. Preparing
-a model shards it (its units from :mod:`accel_train.fsdp_wrap`); an optimizer built before, over the
+The settings come from :class:`~accel_train.strategies.fsdp.plugin.FullyShardedDataParallelPlugin`. Preparing
+a model shards it (its units from :mod:`accel_train.strategies.fsdp.wrap`); an optimizer built before, over the
 model's original parameters, is rebound to the sharded ones (built after, it already holds them).
-State dicts go through :mod:`accel_train.fsdp_state`: full ones gathered on every rank, sharded ones
+State dicts go through :mod:`accel_train.strategies.fsdp.state`: full ones gathered on every rank, sharded ones
 as ``torch.distributed.checkpoint`` folders (``pytorch_model_fsdp_{i}/``, ``optimizer_{i}/``).
 
 Runs on CPU with gloo as on GPUs. torch's CPU limits are handled here: FSDP1 gets
@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from accel_train import fsdp_state
-from accel_train.fsdp_wrap import (
+from accel_train.strategies.fsdp import state as fsdp_state
+from accel_train.strategies.fsdp.wrap import (
     canonical_name,
     fsdp1_auto_wrap_policy,
     fsdp1_mixed_precision,

@@ -4,7 +4,7 @@ dimensions, built from a ``ParallelismConfig``.
 A model is set up in a fixed order (the order in which the pieces compose):
 
 1. placed on the device and converted for the precision;
-2. tensor parallel over ``tp``: the modules of the plan become DTensor-sharded (:mod:`accel_train.tensor_parallel`);
+2. tensor parallel over ``tp``: the modules of the plan become DTensor-sharded (:mod:`accel_train.strategies.nd.tensor_parallel`);
 3. activation checkpointing of the blocks, when the FSDP plugin asks for it;
 4. ``torch.compile``, when the dynamo plugin asks for it;
 5. FSDP2 (``fully_shard``) over ``dp_shard`` x ``cp`` — each block, then the root — with
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from accel_train import fsdp_state
+from accel_train.strategies.fsdp import state as fsdp_state
 from accel_train.strategies.base import CheckpointEntry, ParallelDims, Strategy
 from accel_train.wrappers import repeated_block_lists
 
@@ -158,7 +158,7 @@ class NDParallelStrategy(Strategy):
         model = self.precision.convert_module(model)
         config = self.config
         if config.tp_enabled:
-            from accel_train.tensor_parallel import apply_plan, model_plan, resolve_plan
+            from accel_train.strategies.nd.tensor_parallel import apply_plan, model_plan, resolve_plan
 
             explicit = getattr(config.tp_handler, "tp_plan", None)
             plan = resolve_plan(model, model_plan(model, explicit), config.tp_size)
@@ -203,7 +203,7 @@ class NDParallelStrategy(Strategy):
         """FSDP2's switch for gradient reduction, off inside the block (the FSDP strategy's helper)."""
         if not hasattr(model, "set_requires_gradient_sync"):
             return contextlib.nullcontext()
-        from accel_train.strategies.fsdp import _gradient_sync
+        from accel_train.strategies.fsdp.strategy import _gradient_sync
 
         return _gradient_sync(model, False)
 

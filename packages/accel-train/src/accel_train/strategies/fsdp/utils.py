@@ -1,7 +1,7 @@
 """The documented FSDP utilities (``accel.utils`` and ``accel.utils.fsdp_utils``).
 
-They are thin, named entry points over the FSDP strategy (:mod:`accel_train.strategies.fsdp`), its
-state-dict helpers (:mod:`accel_train.fsdp_state`) and wrap rules (:mod:`accel_train.fsdp_wrap`),
+They are thin, named entry points over the FSDP strategy (:mod:`accel_train.strategies.fsdp.strategy`), its
+state-dict helpers (:mod:`accel_train.strategies.fsdp.state`) and wrap rules (:mod:`accel_train.strategies.fsdp.wrap`),
 for scripts that save, load or shard by hand. Functions that touch a sharded model are collective:
 call them on every rank.
 
@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from accel_train import fsdp_state
-from accel_train.fsdp_wrap import canonical_name, resolve_wrap_classes
-from accel_train.merge import merge_fsdp_weights
+from accel_train.strategies.fsdp import state as fsdp_state
+from accel_train.strategies.fsdp.wrap import canonical_name, resolve_wrap_classes
+from accel_train.strategies.fsdp.merge import merge_fsdp_weights
 
 __all__ = [
     "disable_fsdp_ram_efficient_loading",
@@ -163,7 +163,7 @@ def load_fsdp_optimizer(
 def get_fsdp2_grad_scaler(**kwargs: Any) -> Any:
     """The fp16 gradient scaler for FSDP2 (torch's ``ShardedGradScaler``: overflow checked on every
     rank's shards); ``kwargs`` are ``GradScaler``'s (``device`` defaults to this process's)."""
-    from accel_train.strategies.fsdp import fsdp_grad_scaler
+    from accel_train.strategies.fsdp.strategy import fsdp_grad_scaler
 
     device = kwargs.pop("device", None)
     if device is None:
@@ -262,3 +262,10 @@ def ensure_weights_retied(
         return result
 
     return init_and_retie
+
+
+# The documented home of these names is ``accel_train.fsdp_utils`` (an alias of this very module, see
+# ``accel_train.MOVED_MODULES``): that is where introspection and pickles find them.
+for _name in __all__:
+    globals()[_name].__module__ = "accel_train.fsdp_utils"
+del _name

@@ -23,8 +23,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from accel_train import deepspeed_config as dsc
-from accel_train.deepspeed_utils import (
+from accel_train.strategies.deepspeed import config as dsc
+from accel_train.strategies.deepspeed.utils import (
     DeepSpeedEngineWrapper,
     DeepSpeedOptimizerWrapper,
     DeepSpeedSchedulerWrapper,
