@@ -7,9 +7,9 @@ for code that imports them from one place.
 
 from __future__ import annotations
 
+from accel_train.megatron_plugin import MegatronLMPlugin
 from accel_train.strategies.deepspeed.plugin import DeepSpeedPlugin
 from accel_train.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
-from accel_train.megatron_plugin import MegatronLMPlugin
 from accel_train.strategies.nd.config import (
     ParallelismConfig,
     TorchContextParallelConfig,

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from accel_state.enums import ZERO_STAGES, MSAMPOptLevel, OffloadDevice
-from accel_train.strategies.deepspeed import config as dsc
 from accel_train.plugin_env import env_value, fill_from_env
+from accel_train.strategies.deepspeed import config as dsc
 
 __all__ = ["DeepSpeedPlugin"]
 

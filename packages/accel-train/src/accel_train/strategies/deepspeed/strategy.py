@@ -23,6 +23,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from accel_train.precisions.base import Precision
+from accel_train.strategies.base import CheckpointEntry, Prepared, Strategy
 from accel_train.strategies.deepspeed import config as dsc
 from accel_train.strategies.deepspeed.utils import (
     DeepSpeedEngineWrapper,
@@ -33,8 +35,6 @@ from accel_train.strategies.deepspeed.utils import (
     import_deepspeed,
     map_pytorch_optim_to_deepspeed,
 )
-from accel_train.precisions.base import Precision
-from accel_train.strategies.base import CheckpointEntry, Prepared, Strategy
 
 __all__ = ["DeepSpeedStrategy", "EnginePrecision"]
 

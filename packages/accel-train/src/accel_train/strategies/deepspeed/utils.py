@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 import torch
 
 from accel_state.imports import is_deepspeed_available
-from accel_train.strategies.deepspeed.config import get_value, load_config
 from accel_train.optimizer import AcceleratedOptimizer
 from accel_train.scheduler import AcceleratedScheduler
+from accel_train.strategies.deepspeed.config import get_value, load_config
 
 __all__ = [
     "DeepSpeedEngineWrapper",

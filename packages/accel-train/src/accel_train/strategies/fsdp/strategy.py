@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from accel_train.precisions.base import Precision
+from accel_train.strategies.base import CheckpointEntry, ParallelDims, Strategy
 from accel_train.strategies.fsdp import state as fsdp_state
 from accel_train.strategies.fsdp.wrap import (
     canonical_name,
@@ -35,8 +37,6 @@ from accel_train.strategies.fsdp.wrap import (
     resolve_wrap_classes,
     wrap_units,
 )
-from accel_train.precisions.base import Precision
-from accel_train.strategies.base import CheckpointEntry, ParallelDims, Strategy
 from accel_train.wrappers import is_compiled
 
 __all__ = ["FSDPStrategy", "fsdp_grad_scaler"]

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from accel_train.strategies.fsdp import state as fsdp_state
-from accel_train.strategies.fsdp.wrap import canonical_name, resolve_wrap_classes
 from accel_train.strategies.fsdp.merge import merge_fsdp_weights
+from accel_train.strategies.fsdp.wrap import canonical_name, resolve_wrap_classes
 
 __all__ = [
     "disable_fsdp_ram_efficient_loading",

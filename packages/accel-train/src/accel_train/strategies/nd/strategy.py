@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from accel_train.strategies.fsdp import state as fsdp_state
 from accel_train.strategies.base import CheckpointEntry, ParallelDims, Strategy
+from accel_train.strategies.fsdp import state as fsdp_state
 from accel_train.wrappers import repeated_block_lists
 
 __all__ = ["NDParallelStrategy"]
