@@ -325,15 +325,9 @@ class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin)
         if _is_prepared(data_loader) or isinstance(data_loader, _prepared_loader_types()):
             self._remember(data_loader)
             return data_loader
-        from accel_data import prepare_data_loader
-
         config = self.dataloader_config
-        dims = self._strategy.parallel_dims
-        prepared = prepare_data_loader(
+        prepared = self._strategy.setup_data_loader(
             data_loader,
-            self.device,
-            num_processes=dims.data_parallel_size,
-            process_index=dims.data_parallel_rank,
             split_batches=self.split_batches,
             put_on_device=self._placement(device_placement),
             rng_types=list(self.rng_types),

@@ -212,16 +212,12 @@ def build(
     mode = state.mixed_precision
     name = strategy_name(state.distributed_type, state.parallelism_config)
     precision_cls = precision_class(mode)
-    if precision_cls.supported_strategies is not None and name not in precision_cls.supported_strategies:
-        raise ValueError(
-            f"mixed_precision={mode!r} cannot run with the {name} strategy; it runs with "
-            f"{sorted(precision_cls.supported_strategies)}"
-        )
     try:
         strategy_cls = strategy_class(name)
     except NotImplementedError:
         strategy_cls = None  # refused at prepare time, so that configs are still checked here
     if strategy_cls is not None:
+        strategy_cls.check_precision(state, PrecisionType(mode), precision_cls)
         strategy_cls.validate(state, precision_cls, mode)
         precision_cls = strategy_cls.precision_for(precision_cls, mode)
     precision = precision_cls(

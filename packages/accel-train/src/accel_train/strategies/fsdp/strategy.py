@@ -104,7 +104,7 @@ class FSDPStrategy(Strategy):
         plugin = getattr(state, "fsdp_plugin", None)
         if plugin is None:
             raise ValueError("the FSDP strategy needs a FullyShardedDataParallelPlugin (fsdp_plugin)")
-        if mode == "fp8" and plugin.fsdp_version != 2:
+        if mode == "fp8" and plugin.fsdp_version != 2:  # the table says fsdp takes fp8; FSDP1 does not
             raise ValueError(
                 "mixed_precision='fp8' runs with FSDP2 (float8 layers sharded by fully_shard), not with FSDP1; "
                 "set fsdp_version=2, or use 'bf16' / 'fp16' with FSDP1"
