@@ -331,7 +331,37 @@ class CheckpointIO:
         return load_torch(path, map_location=map_location)
 
     def save_rng(self, path: str) -> None:
+        """This process's random-number-generator states (tensors and JSON, no pickle)."""
         save_rng(path)
 
     def load_rng(self, path: str) -> None:
         load_rng(path)
+
+    def write_manifest(self, folder: str, content: dict[str, Any]) -> None:
+        """The checkpoint's manifest (``accel_checkpoint.json``), written last."""
+        write_manifest(folder, content)
+
+    def read_manifest(self, folder: str) -> dict[str, Any] | None:
+        """The manifest of ``folder`` (``None`` for a folder written by another tool)."""
+        return read_manifest(folder)
+
+    # -- sharded (torch.distributed.checkpoint) folders: every rank takes part ------------------------
+
+    def save_sharded(self, state: dict[str, Any], folder: str) -> None:
+        """Write this rank's shards of ``state`` into the DCP folder ``folder`` (collective)."""
+        import torch.distributed.checkpoint as dcp
+
+        os.makedirs(folder, exist_ok=True)
+        dcp.save(state, checkpoint_id=folder)
+
+    def sharded_metadata(self, folder: str) -> Any:
+        """The ``Metadata`` of the DCP folder ``folder`` (tensor names and global shapes)."""
+        import torch.distributed.checkpoint as dcp
+
+        return dcp.FileSystemReader(folder).read_metadata()
+
+    def load_sharded(self, state: dict[str, Any], folder: str, planner: Any = None) -> None:
+        """Read the DCP folder ``folder`` into ``state`` in place, resharded to this run (collective)."""
+        import torch.distributed.checkpoint as dcp
+
+        dcp.load(state, checkpoint_id=folder, planner=planner)

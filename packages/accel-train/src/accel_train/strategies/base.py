@@ -379,10 +379,8 @@ class Strategy:
         from accel_train import checkpointing as ckpt
 
         return {
-            "model": CheckpointEntry(
-                r"^(?:model(?:_(\d+))?\.safetensors|pytorch_model(?:_(\d+))?\.bin)$", lambda i: ckpt.model_file(i, True)
-            ),
-            "optimizer": CheckpointEntry(r"^optimizer(?:_(\d+))?\.bin$", ckpt.optimizer_file),
+            "model": CheckpointEntry(ckpt.MODEL_FILE_PATTERN, lambda i: ckpt.model_file(i, True)),
+            "optimizer": CheckpointEntry(ckpt.OPTIMIZER_FILE_PATTERN, ckpt.optimizer_file),
         }
 
     def checkpoint_weights(self, model: torch.nn.Module) -> dict[str, Any] | None:

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import torch
 
 from accel_state.enums import PrecisionType
+from accel_train import checkpointing as ckpt
 from accel_train.precisions.base import Precision
 from accel_train.strategies.base import CheckpointEntry, Prepared, Strategy
 from accel_train.strategies.deepspeed import config as dsc
@@ -41,9 +42,9 @@ __all__ = ["DeepSpeedStrategy", "EnginePrecision"]
 
 logger = logging.getLogger(__name__)
 
-_MODEL_TAG = "pytorch_model"
-_OPTIMIZER_MARKER = "deepspeed_optimizer"
-_FROZEN_WEIGHTS = "model.safetensors"
+_MODEL_TAG = ckpt.FILE_NAMES["engine"]
+_OPTIMIZER_MARKER = ckpt.FILE_NAMES["engine_optimizer"]
+_FROZEN_WEIGHTS = ckpt.model_file(0, True)
 
 
 class EnginePrecision(Precision):

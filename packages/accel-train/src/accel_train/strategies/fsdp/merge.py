@@ -48,7 +48,9 @@ def merge_fsdp_weights(
     if not os.path.isdir(checkpoint_dir):
         raise FileNotFoundError(f"checkpoint folder {checkpoint_dir} does not exist")
     if not os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
-        model_dir = os.path.join(checkpoint_dir, "pytorch_model_fsdp_0")
+        from accel_train.checkpointing import sharded_model_dir
+
+        model_dir = os.path.join(checkpoint_dir, sharded_model_dir(0))
         if os.path.isfile(os.path.join(model_dir, ".metadata")):
             checkpoint_dir = model_dir
         else:
@@ -59,7 +61,9 @@ def merge_fsdp_weights(
     if os.path.isfile(output_path):
         raise ValueError(f"output_path {output_path} is a file; give a folder to write the merged weights into")
     writer = _is_main_process()
-    name = "model.safetensors" if safe_serialization else "pytorch_model.bin"
+    from accel_train.checkpointing import model_file
+
+    name = model_file(0, safe_serialization)
     target = os.path.join(output_path, name)
     if writer:
         state_dict = _load_distributed_checkpoint(checkpoint_dir)

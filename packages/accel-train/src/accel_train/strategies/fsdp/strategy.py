@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from accel_train import checkpointing as ckpt
 from accel_train.precisions.base import Precision
 from accel_train.strategies.base import CheckpointEntry, ParallelDims, Strategy
 from accel_train.strategies.fsdp import state as fsdp_state
@@ -42,8 +43,6 @@ from accel_train.wrappers import is_compiled
 __all__ = ["FSDPStrategy", "fsdp_grad_scaler"]
 
 logger = logging.getLogger(__name__)
-
-_SHARDED_MODEL = "pytorch_model_fsdp"
 
 
 def fsdp_grad_scaler(device_type: str, **kwargs: Any) -> Any:
@@ -420,17 +419,16 @@ class FSDPStrategy(Strategy):
         return str(self.plugin.state_dict_type) != "FULL_STATE_DICT"
 
     def checkpoint_entries(self) -> dict[str, CheckpointEntry]:
-        from accel_train import checkpointing as ckpt
 
         sharded = self._sharded_checkpoints
         return {
             "model": CheckpointEntry(
-                rf"^(?:{_SHARDED_MODEL}_(\d+)|model(?:_(\d+))?\.safetensors|pytorch_model(?:_(\d+))?\.bin)$",
-                (lambda i: f"{_SHARDED_MODEL}_{i}") if sharded else (lambda i: ckpt.model_file(i, True)),
+                f"{ckpt.SHARDED_MODEL_PATTERN}|{ckpt.MODEL_FILE_PATTERN}",
+                ckpt.sharded_model_dir if sharded else (lambda i: ckpt.model_file(i, True)),
             ),
             "optimizer": CheckpointEntry(
-                r"^optimizer_(\d+)$|^optimizer(?:_(\d+))?\.bin$",
-                (lambda i: f"optimizer_{i}") if sharded else ckpt.optimizer_file,
+                f"{ckpt.SHARDED_OPTIMIZER_PATTERN}|{ckpt.OPTIMIZER_FILE_PATTERN}",
+                ckpt.sharded_optimizer_dir if sharded else ckpt.optimizer_file,
             ),
         }
 
@@ -460,9 +458,9 @@ class FSDPStrategy(Strategy):
 
         if not self._sharded_checkpoints:
             return super().save_model_checkpoint(model, weights, folder, index, safe_serialization, is_writer)
-        name = f"{_SHARDED_MODEL}_{index}"
+        name = ckpt.sharded_model_dir(index)
         local = str(self.plugin.state_dict_type) == "LOCAL_STATE_DICT"
-        fsdp_state.save_sharded_model(_inner(model), os.path.join(folder, name), local=local)
+        fsdp_state.save_sharded_model(_inner(model), os.path.join(folder, name), local=local, io=self.checkpoint_io)
         return name
 
     def load_model_checkpoint(
@@ -473,7 +471,7 @@ class FSDPStrategy(Strategy):
         path = os.path.join(folder, entry)
         if os.path.isdir(path):
             local = str(self.plugin.state_dict_type) == "LOCAL_STATE_DICT"
-            fsdp_state.load_sharded_model(_inner(model), path, strict=strict, local=local)
+            fsdp_state.load_sharded_model(_inner(model), path, strict=strict, local=local, io=self.checkpoint_io)
             return
         weights = self.checkpoint_io.load_weights(path, "cpu")
         fsdp_state.load_full_model_state_dict(_inner(model), weights, strict=strict, source=path)
@@ -483,18 +481,20 @@ class FSDPStrategy(Strategy):
 
         if not self._sharded_checkpoints:
             return super().save_optimizer_checkpoint(optimizer, folder, index, is_writer)
-        name = f"optimizer_{index}"
+        name = ckpt.sharded_optimizer_dir(index)
         fsdp_state.save_sharded_optimizer(
-            self._model_of(optimizer), _inner_optimizer(optimizer), os.path.join(folder, name)
+            self._model_of(optimizer), _inner_optimizer(optimizer), os.path.join(folder, name), io=self.checkpoint_io
         )
         return name
 
     def load_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, map_location: Any) -> None:
         import os
 
-        path = os.path.join(folder, f"optimizer_{index}")
+        path = os.path.join(folder, ckpt.sharded_optimizer_dir(index))
         if os.path.isdir(path):
-            fsdp_state.load_sharded_optimizer(self._model_of(optimizer), _inner_optimizer(optimizer), path)
+            fsdp_state.load_sharded_optimizer(
+                self._model_of(optimizer), _inner_optimizer(optimizer), path, io=self.checkpoint_io
+            )
             return
         super().load_optimizer_checkpoint(optimizer, folder, index, "cpu")
 

@@ -267,11 +267,11 @@ class NDParallelStrategy(Strategy):
         return get_optimizer_state_dict(self._model_of(optimizer), inner, options=options)
 
     def checkpoint_entries(self) -> dict[str, CheckpointEntry]:
-        from accel_state.constants import FSDP_MODEL_NAME
+        from accel_train import checkpointing as ckpt
 
         return {
-            "model": CheckpointEntry(rf"^{FSDP_MODEL_NAME}(?:_(\d+))?$", lambda i: f"{FSDP_MODEL_NAME}_{i}"),
-            "optimizer": CheckpointEntry(r"^optimizer_(\d+)$", lambda i: f"optimizer_{i}"),
+            "model": CheckpointEntry(ckpt.SHARDED_MODEL_PATTERN, ckpt.sharded_model_dir),
+            "optimizer": CheckpointEntry(ckpt.SHARDED_OPTIMIZER_PATTERN, ckpt.sharded_optimizer_dir),
         }
 
     def checkpoint_weights(self, model: torch.nn.Module) -> dict[str, Any] | None:
@@ -281,21 +281,29 @@ class NDParallelStrategy(Strategy):
         self, model: torch.nn.Module, weights: Any, folder: str, index: int, safe_serialization: bool, is_writer: bool
     ) -> str:
         name = self.checkpoint_entries()["model"].name(index)
-        fsdp_state.save_sharded_model(self.unwrap_model(model, keep_torch_compile=False), os.path.join(folder, name))
+        fsdp_state.save_sharded_model(
+            self.unwrap_model(model, keep_torch_compile=False), os.path.join(folder, name), io=self.checkpoint_io
+        )
         return name
 
     def load_model_checkpoint(
         self, model: torch.nn.Module, folder: str, entry: str, device: Any, strict: bool = True
     ) -> None:
-        fsdp_state.load_sharded_model(self.unwrap_model(model, keep_torch_compile=False), os.path.join(folder, entry))
+        fsdp_state.load_sharded_model(
+            self.unwrap_model(model, keep_torch_compile=False), os.path.join(folder, entry), io=self.checkpoint_io
+        )
 
     def save_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, is_writer: bool) -> str:
         name = self.checkpoint_entries()["optimizer"].name(index)
         inner = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
-        fsdp_state.save_sharded_optimizer(self._model_of(optimizer), inner, os.path.join(folder, name))
+        fsdp_state.save_sharded_optimizer(
+            self._model_of(optimizer), inner, os.path.join(folder, name), io=self.checkpoint_io
+        )
         return name
 
     def load_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, map_location: Any) -> None:
         inner = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
         name = self.checkpoint_entries()["optimizer"].name(index)
-        fsdp_state.load_sharded_optimizer(self._model_of(optimizer), inner, os.path.join(folder, name))
+        fsdp_state.load_sharded_optimizer(
+            self._model_of(optimizer), inner, os.path.join(folder, name), io=self.checkpoint_io
+        )
