@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -396,7 +395,7 @@ class DeepSpeedStrategy(Strategy):
                 os.makedirs(os.path.join(folder, tag), exist_ok=True)
                 self.checkpoint_io.save_weights(weights, os.path.join(folder, tag, _FROZEN_WEIGHTS), True)
             return tag
-        engine.save_checkpoint(folder, tag=tag, client_state={}, save_latest=False)
+        self.checkpoint_io.save_engine(engine, folder, tag)
         return tag
 
     def load_model_checkpoint(
@@ -409,15 +408,7 @@ class DeepSpeedStrategy(Strategy):
         if _is_frozen_zero3(engine) and os.path.isfile(frozen):
             load_zero3_state_dict(engine.module, self.checkpoint_io.load_weights(frozen, "cpu"), strict)
             return
-        path, _ = engine.load_checkpoint(
-            folder,
-            tag=entry,
-            load_module_strict=strict,
-            load_optimizer_states=engine.optimizer is not None,
-            load_lr_scheduler_states=engine.lr_scheduler is not None,
-        )
-        if path is None:
-            raise FileNotFoundError(f"DeepSpeed found no checkpoint {entry!r} in {folder}")
+        self.checkpoint_io.load_engine(engine, folder, entry, strict=strict)
 
     def save_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, is_writer: bool) -> str | None:
         """The engine saved the optimizer partitions with its model; a small JSON file says where."""
@@ -426,15 +417,12 @@ class DeepSpeedStrategy(Strategy):
         engine = self._engine_optimizers.get(id(inner))
         position = next((i for i, e in enumerate(self.engines) if e is engine), None)
         if is_writer:
-            with open(os.path.join(folder, name), "w", encoding="utf-8") as handle:
-                json.dump(
-                    {
-                        "saved_in": _engine_tag(position) if position is not None else None,
-                        "zero_stage": engine.zero_optimization_stage() if engine is not None else None,
-                        "optimizer": type(inner).__name__,
-                    },
-                    handle,
-                )
+            marker = {
+                "saved_in": _engine_tag(position) if position is not None else None,
+                "zero_stage": engine.zero_optimization_stage() if engine is not None else None,
+                "optimizer": type(inner).__name__,
+            }
+            self.checkpoint_io.save_json(marker, os.path.join(folder, name))
         return name
 
     def load_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, map_location: Any) -> None:

@@ -5,26 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from typing import Any
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["merge_fsdp_weights"]
-
-
-def _load_distributed_checkpoint(checkpoint_dir: str) -> dict[str, Any]:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    state_dict: dict[str, Any] = {}
-    _load_state_dict(
-        state_dict,
-        storage_reader=dcp.FileSystemReader(checkpoint_dir),
-        planner=_EmptyStateDictLoadPlanner(),
-        no_dist=True,
-    )
-    return state_dict
 
 
 def merge_fsdp_weights(
@@ -66,7 +50,10 @@ def merge_fsdp_weights(
     name = model_file(0, safe_serialization)
     target = os.path.join(output_path, name)
     if writer:
-        state_dict = _load_distributed_checkpoint(checkpoint_dir)
+        from accel_train.checkpoint_io import CheckpointIO
+
+        io = CheckpointIO()
+        state_dict = io.load_sharded_whole(checkpoint_dir)
         if set(state_dict) == {"model"} and isinstance(state_dict["model"], dict):
             state_dict = state_dict["model"]
         os.makedirs(output_path, exist_ok=True)
@@ -77,8 +64,6 @@ def merge_fsdp_weights(
             index = target + ".index.json"
             target = index if os.path.isfile(index) else target
         else:
-            from accel_train import checkpoint_io as io
-
             tmp = target + ".partial"
             io.save_weights(state_dict, tmp, safe_serialization=safe_serialization)
             os.replace(tmp, target)
