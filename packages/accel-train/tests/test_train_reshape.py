@@ -147,3 +147,27 @@ def test_other_functions_are_the_wrappers_functions() -> None:
     assert other.has_compiled_regions is wrappers.has_compiled_regions
     assert other.is_compiled_module is wrappers.is_compiled
     assert other.compile_regions_fsdp2 is other.compile_regions_deepspeed is wrappers.compile_regions_in_place
+
+
+# -- DeepSpeed: the ZeRO stage is resolved once, after "auto" is filled ---------------------------------------
+
+
+def test_deepspeed_auto_stage_with_zero_stage_3_gives_zero3_init(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    import json
+
+    from accel_train.strategies.deepspeed.plugin import DeepSpeedPlugin
+
+    for name in (
+        "ACCELERATE_DEEPSPEED_ZERO_STAGE",
+        "ACCELERATE_DEEPSPEED_ZERO3_INIT",
+        "ACCELERATE_DEEPSPEED_CONFIG_FILE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": "auto"}, "train_micro_batch_size_per_gpu": "auto"}))
+    plugin = DeepSpeedPlugin(hf_ds_config=str(path), zero_stage=3)
+    assert plugin.deepspeed_config["zero_optimization"]["stage"] == 3
+    assert plugin.hf_ds_config.is_zero3() and plugin.zero3_init_flag is True
+    # without the stage anywhere, the file's "auto" leaves ZeRO-3 init off
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    assert DeepSpeedPlugin(hf_ds_config=str(path)).zero3_init_flag is False

@@ -130,6 +130,7 @@ class DeepSpeedPlugin:
                     'to "auto" in the JSON file to take the flag, or drop the flag / plugin argument.'
                 )
             dsc.fill_auto(config, self._field_values())
+            self.hf_ds_config.set_stage_and_offload()  # the stage is known now that "auto" is filled
         else:
             self.hf_ds_config = HfDeepSpeedConfig(
                 dsc.config_from_fields(

@@ -82,8 +82,16 @@ class HfDeepSpeedConfig:
 
     def __init__(self, config_file_or_dict: Any) -> None:
         self.config: dict[str, Any] = load_config(config_file_or_dict)
+        self.set_stage_and_offload()
+
+    def set_stage_and_offload(self) -> None:
+        """Read the ZeRO stage and offload of :attr:`config` into :meth:`is_zero3` / :meth:`is_offload`.
+
+        Called when built and again once its ``"auto"`` values are filled (a stage given as ``"auto"``
+        is known only then); the answers are not read from the dict on every question.
+        """
         stage = self.get_value("zero_optimization.stage", -1)
-        self._stage = stage if isinstance(stage, int) else -1
+        self._stage = stage if isinstance(stage, int) and not isinstance(stage, bool) else -1
         self._offload = False
         if self.is_zero2() or self.is_zero3():
             devices = {"cpu", "nvme"}
