@@ -139,5 +139,74 @@ _export(
 
 __all__ = ["__version__", *_EXPORTS]
 
+# -- what this package gives the meta-package ``accel`` (the one source of its accel-train tables) ----------
+# ``accel/_exports/train.py`` is generated from these by ``python tools/gen_exports.py``; a test of
+# the meta-package checks that it is up to date. A name's module comes from ``_EXPORTS`` unless given.
+
+#: Names on ``accel`` itself.
+META_TOP_LEVEL: tuple[str, ...] = (
+    "Accelerator",
+    "AutocastKwargs",
+    "DDPCommunicationHookType",
+    "DistributedDataParallelKwargs",
+    "GradScalerKwargs",
+    "ProfileKwargs",
+    "DeepSpeedPlugin",
+    "FullyShardedDataParallelPlugin",
+    "ParallelismConfig",
+)
+#: Names on ``accel.utils``: every exported name of these modules of ``_EXPORTS`` ...
+META_UTILS_MODULES: tuple[str, ...] = (
+    "kwargs_handlers",
+    "plugins",
+    "parallel_plugins",
+    "strategies.fsdp.merge",
+    "strategies.fsdp.utils",
+    "strategies.deepspeed.utils",
+)
+#: ... these names of other modules (name -> module) ...
+META_UTILS_EXTRA: dict[str, str] = {"save": "checkpoint_io", "load": "checkpoint_io"}
+#: ... and every name of these modules' ``__all__`` that this package defines (``accel.utils.other``).
+META_UTILS_ALL_OF: tuple[str, ...] = ("other",)
+#: Documented module paths -> the module of this package behind each.
+META_MODULES: dict[str, str] = {
+    "accel.accelerator": "accelerator",
+    "accel.optimizer": "optimizer",
+    "accel.scheduler": "scheduler",
+    "accel.local_sgd": "local_sgd",
+    "accel.checkpointing": "checkpointing",
+    "accel.parallelism_config": "strategies.nd.config",
+    "accel.test_utils": "test_utils",
+    "accel.commands.test": "commands.test",
+    "accel.commands.merge": "commands.merge",
+    "accel.utils.fsdp_utils": "strategies.fsdp.utils",
+    "accel.utils.deepspeed": "strategies.deepspeed.utils",
+    "accel.utils.other": "other",
+    "accel.utils.torch_xla": "other",
+}
+
+
+def meta_exports() -> dict[str, dict[str, str]]:
+    """This package's tables for the meta-package: ``TOP_LEVEL`` / ``UTILS`` (name -> module) and
+    ``MODULES`` (documented path -> module), with full module names.
+
+    Imports the modules of :data:`META_UTILS_ALL_OF` (to read their ``__all__``): for the generator
+    and the tests, never at import time.
+    """
+    full = {name: f"{__name__}.{module}" for name, module in _EXPORTS.items()}
+    utils = {name: module for name, module in full.items() if _EXPORTS[name] in META_UTILS_MODULES}
+    utils.update({name: f"{__name__}.{module}" for name, module in META_UTILS_EXTRA.items()})
+    for module_name in META_UTILS_ALL_OF:
+        module = importlib.import_module(f"{__name__}.{module_name}")
+        for name in module.__all__:
+            defined_in = getattr(getattr(module, name), "__module__", None) or ""
+            if name not in utils and defined_in.startswith(f"{__name__}."):
+                utils[name] = module.__name__
+    return {
+        "TOP_LEVEL": {name: full[name] for name in META_TOP_LEVEL},
+        "UTILS": utils,
+        "MODULES": {path: f"{__name__}.{module}" for path, module in META_MODULES.items()},
+    }
+
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
