@@ -91,6 +91,8 @@ class DeepSpeedStrategy(Strategy):
         self._engine_schedulers: set[int] = set()
         self._pristine: dict[int, dict[str, Any]] = {}
         self._clip_warned = False
+        if self.state is not None and getattr(self.state, "deepspeed_plugins", None):
+            self._configure()
 
     # -- before the strategy exists ------------------------------------------------------------------
 
@@ -106,11 +108,19 @@ class DeepSpeedStrategy(Strategy):
     def validate(cls, state: Any, precision_cls: type[Precision], mode: str) -> None:
         """DeepSpeed is installed; every plugin's fp16 / bf16 sections agree with ``mixed_precision``.
 
-        As documented, a config that enables fp16 or bf16 itself decides the run's mixed precision.
+        Checks only (on copies of the configs): the plugins and the state are brought in line when the
+        strategy is built (:meth:`_configure`).
         """
         import_deepspeed()
         for plugin in (state.deepspeed_plugins or {}).values():
-            plugin.set_mixed_precision(mode)
+            dsc.resolve_mixed_precision(copy.deepcopy(plugin.deepspeed_config), str(mode))
+
+    def _configure(self) -> None:
+        """Make every plugin's fp16 / bf16 sections follow ``mixed_precision``; as documented, a config that
+        enables fp16 or bf16 itself decides the run's mixed precision; register ZeRO-3 init with transformers."""
+        state = self.state
+        for plugin in (state.deepspeed_plugins or {}).values():
+            plugin.set_mixed_precision(self.precision.mode)
         effective = dsc.effective_mixed_precision(state.deepspeed_plugin.deepspeed_config)
         if effective != state.mixed_precision and "_mixed_precision" in state.__dict__:
             state._mixed_precision = effective

@@ -17,7 +17,6 @@ nothing to shard across) and checkpoints keep the FSDP layout.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
@@ -28,15 +27,14 @@ import torch
 from accel_train import checkpointing as ckpt
 from accel_train.precisions.base import Precision
 from accel_train.strategies.base import CheckpointEntry, ParallelDims, Strategy
+from accel_train.strategies.fsdp import fsdp2
 from accel_train.strategies.fsdp import state as fsdp_state
 from accel_train.strategies.fsdp.wrap import (
     canonical_name,
     fsdp1_auto_wrap_policy,
     fsdp1_mixed_precision,
-    fsdp2_mixed_precision_policy,
     ignored_modules_of,
     resolve_wrap_classes,
-    wrap_units,
 )
 from accel_train.wrappers import is_compiled
 
@@ -179,15 +177,7 @@ class FSDPStrategy(Strategy):
                 self._rebound[key] = (ref, new)
 
     def _offload(self) -> bool:
-        offload = self.plugin.cpu_offload
-        wanted = bool(getattr(offload, "offload_params", offload))
-        if wanted and self.device.type == "cpu":
-            logger.warning(
-                "FSDP cpu_offload / offload_params has no effect here: the parameters already live on the CPU "
-                "(no accelerator); training runs without offloading"
-            )
-            return False
-        return wanted
+        return fsdp2.offload_wanted(self.plugin, self.device)
 
     def _ac_classes(self, model: torch.nn.Module) -> tuple[type, ...]:
         return tuple(resolve_wrap_classes(model, self.plugin.transformer_cls_names_to_wrap))
@@ -276,16 +266,14 @@ class FSDPStrategy(Strategy):
     def _shard_v2(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
         plugin = self.plugin
         device = self.device
         if self._mesh is None:
             self._mesh = init_device_mesh(device.type, (self.state.num_processes,), mesh_dim_names=("dp_shard",))
         if plugin.activation_checkpointing:
-            self._apply_ac(model, self._ac_classes(model))
-        units = [_checkpoint_parent(model, unit) for unit in wrap_units(model, plugin)]
-        ignored = {p for m in ignored_modules_of(model, plugin.ignored_modules) for p in m.parameters()}
+            fsdp2.apply_activation_checkpointing(model, plugin)
+        units = fsdp2.shard_units(model, plugin)
         ram_efficient = bool(plugin.cpu_ram_efficient_loading)
         rank0 = dist.get_rank() == 0
         full_state: dict[str, torch.Tensor] = {}
@@ -299,27 +287,14 @@ class FSDPStrategy(Strategy):
             _broadcast_from_rank0(model, device)
         elif device_placement and not _has_meta(model):
             model.to(device)
-        offload = plugin.cpu_offload
-        if not isinstance(offload, OffloadPolicy):
-            offload = CPUOffloadPolicy() if self._offload() else OffloadPolicy()
-        elif isinstance(offload, CPUOffloadPolicy) and not self._offload():
-            offload = OffloadPolicy()
-        kwargs: dict[str, Any] = {
-            "mesh": self._mesh,
-            "reshard_after_forward": plugin.reshard_after_forward,
-            "mp_policy": fsdp2_mixed_precision_policy(
-                plugin.mixed_precision_policy, self.precision.mixed_precision_dtypes()
-            ),
-            "offload_policy": offload,
-        }
-        if ignored:
-            kwargs["ignored_params"] = ignored
-        for unit in units:
-            fully_shard(unit, **kwargs)
-        fully_shard(model, **kwargs)
-        if plugin.forward_prefetch and len(units) > 1:
-            for current, following in itertools.pairwise(units):
-                current.set_modules_to_forward_prefetch([following])  # type: ignore[operator]
+        fsdp2.shard_model(
+            model,
+            plugin,
+            mesh=self._mesh,
+            dtypes=self.precision.mixed_precision_dtypes(),
+            offload=self._offload(),
+            units=units,
+        )
         if ram_efficient:
             model.to_empty(device=device)
             fsdp_state.load_full_model_state_dict(model, full_state, strict=False, broadcast_from_rank0=True)
@@ -531,24 +506,7 @@ def _clip_mixed(parameters: list[torch.Tensor], max_norm: float, norm_type: floa
     return total
 
 
-def _checkpoint_parent(root: torch.nn.Module, unit: torch.nn.Module) -> torch.nn.Module:
-    """The activation-checkpoint wrapper around ``unit`` when there is one (sharded in its place)."""
-    for module in root.modules():
-        if type(module).__name__ == "CheckpointWrapper" and getattr(module, "_checkpoint_wrapped_module", None) is unit:
-            return module
-    return unit
-
-
-@contextlib.contextmanager
-def _gradient_sync(model: Any, enabled: bool) -> Iterator[None]:
-    previous = getattr(model, "_accel_gradient_sync", True)
-    model.set_requires_gradient_sync(enabled)
-    model._accel_gradient_sync = enabled
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(previous)
-        model._accel_gradient_sync = previous
+_gradient_sync = fsdp2.gradient_sync
 
 
 @contextlib.contextmanager
