@@ -1,4 +1,9 @@
-"""The Accelerator's saving and loading: ``save_state`` / ``load_state``, ``save``, ``save_model``."""
+"""The Accelerator's saving and loading: ``save_state`` / ``load_state``, ``save``, ``save_model``.
+
+A public component of the :class:`~accel_train.accelerator.Accelerator` facade: it registers the objects
+a checkpoint holds and hands them to the one checkpoint walk (``checkpointing.write_objects`` /
+``read_objects``).
+"""
 
 from __future__ import annotations
 
@@ -13,30 +18,34 @@ from accel_train._lazy_modules import checkpoint_io as io
 from accel_train._lazy_modules import checkpointing as ckpt
 from accel_train._lazy_modules import preemption
 
+__all__ = ["Checkpointer", "RemovableHandle"]
+
 logger = logging.getLogger(__name__)
 
 
-class _RemovableHandle:
-    """Removes a hook from the dict it was registered in (like ``torch.utils.hooks.RemovableHandle``)."""
+class RemovableHandle:
+    """What ``register_save_state_pre_hook`` / ``register_load_state_pre_hook`` return: ``remove()`` (or
+    leaving a ``with`` block) unregisters the hook (like ``torch.utils.hooks.RemovableHandle``)."""
 
     _next_id = 0
 
     def __init__(self, hooks: dict[int, Any]) -> None:
         self.hooks = hooks
-        self.id = _RemovableHandle._next_id
-        _RemovableHandle._next_id += 1
+        self.id = RemovableHandle._next_id
+        RemovableHandle._next_id += 1
 
     def remove(self) -> None:
+        """Unregister the hook (nothing happens the second time)."""
         self.hooks.pop(self.id, None)
 
-    def __enter__(self) -> _RemovableHandle:
+    def __enter__(self) -> RemovableHandle:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.remove()
 
 
-class StateIOMixin:
+class Checkpointer:
     """Checkpoints of the whole training state, and saving of single objects and models."""
 
     state: Any
@@ -76,15 +85,15 @@ class StateIOMixin:
             )
         self._custom_objects.extend(objects)
 
-    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> _RemovableHandle:
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, weights, output_dir)`` in ``save_state`` before the files are written."""
-        handle = _RemovableHandle(self._save_model_state_pre_hook)
+        handle = RemovableHandle(self._save_model_state_pre_hook)
         self._save_model_state_pre_hook[handle.id] = hook
         return handle
 
-    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> _RemovableHandle:
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, input_dir)`` in ``load_state`` before the files are read."""
-        handle = _RemovableHandle(self._load_model_state_pre_hook)
+        handle = RemovableHandle(self._load_model_state_pre_hook)
         self._load_model_state_pre_hook[handle.id] = hook
         return handle
 
