@@ -102,7 +102,7 @@ def test_loaders_go_through_the_device_loader_and_checkpoints_cut_the_graph(fake
     accelerator = Accelerator(cpu=True)
     strategy = _strategy(accelerator)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(4.0)), batch_size=2)
-    wrapped = strategy.wrap_data_loader(loader)
+    wrapped = strategy.setup_data_loader(loader, put_on_device=False)
     assert isinstance(wrapped, _FakeDeviceLoader) and wrapped.device == strategy.device
     assert [batch[0].tolist() for batch in wrapped] == [[0.0, 1.0], [2.0, 3.0]]
     model = torch.nn.Linear(2, 1)

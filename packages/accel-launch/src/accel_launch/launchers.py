@@ -62,8 +62,11 @@ def notebook_launcher(
     here. ``num_nodes > 1``: call it on every node with its ``node_rank`` and the same ``master_addr``.
     """
     mixed_precision = str(mixed_precision).lower()
-    if mixed_precision not in ("no", "fp16", "bf16", "fp8"):
-        raise ValueError(f"mixed_precision must be one of 'no', 'fp16', 'bf16', 'fp8'; got {mixed_precision!r}")
+    from accel_state.enums import MIXED_PRECISION_CHOICES
+
+    if mixed_precision not in MIXED_PRECISION_CHOICES:
+        choices = ", ".join(repr(choice) for choice in MIXED_PRECISION_CHOICES)
+        raise ValueError(f"mixed_precision must be one of {choices}; got {mixed_precision!r}")
     if num_processes is not None and num_processes < 1:
         raise ValueError(f"num_processes must be at least 1, got {num_processes}")
     if num_nodes < 1 or not 0 <= node_rank < num_nodes:

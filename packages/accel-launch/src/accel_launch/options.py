@@ -9,6 +9,7 @@ disagree. Pure data; imports nothing heavy.
 from __future__ import annotations
 
 from accel_state.enums import (
+    MIXED_PRECISION_CHOICES,
     AmaxComputeAlgorithm,
     ContextParallelCommStrategy,
     FP8BackendType,
@@ -110,7 +111,7 @@ OPTIONS: tuple[Option, ...] = (
     _O("tpu", "switch", G_HARDWARE, "Launch a TPU run.", None),
     _O("ipex", "switch", G_HARDWARE, "Use Intel Extension for PyTorch (IPEX).", "ipex_config", default=False),
     # resources
-    _O("mixed_precision", "str", G_RESOURCE, "Mixed precision mode.", TOP, default="no", choices=("no", "fp16", "bf16", "fp8")),
+    _O("mixed_precision", "str", G_RESOURCE, "Mixed precision mode.", TOP, default="no", choices=MIXED_PRECISION_CHOICES),
     _O("num_processes", "int", G_RESOURCE, "Total number of processes to launch (all machines together).", TOP),
     _O("num_machines", "int", G_RESOURCE, "Number of machines taking part.", TOP, default=1),
     _O("num_cpu_threads_per_process", "int", G_RESOURCE, "CPU threads per process (OMP_NUM_THREADS).", None),

@@ -86,6 +86,16 @@ class PrecisionType(_StrEnum):
     BF16 = "bf16"
 
 
+#: The ``mixed_precision`` values in the order the launcher, its questionnaire and its config reader
+#: show them (the one list every accel package offers; members of :class:`PrecisionType`).
+MIXED_PRECISION_CHOICES: tuple[str, ...] = (
+    PrecisionType.NO.value,
+    PrecisionType.FP16.value,
+    PrecisionType.BF16.value,
+    PrecisionType.FP8.value,
+)
+
+
 class RNGType(_StrEnum):
     """Random number generators that can be synchronised across processes."""
 

@@ -4,9 +4,11 @@ It is a facade. :mod:`accel_train.connector` builds its three components from th
 plugins and the environment the launcher wrote: a **strategy** (how models are spread over
 processes: :mod:`accel_train.strategies`), a **precision** (:mod:`accel_train.precisions`) and a
 **checkpoint I/O**. Every method below delegates to them, without branching on the backend.
-Checkpoints live in :class:`~accel_train._state_io.StateIOMixin`, collectives in
-:class:`~accel_train._process_ops.ProcessOpsMixin`, trackers in :class:`~accel_train._trackers.TrackersMixin`
-and the read-only attributes in :class:`~accel_train._attributes.AttributesMixin`.
+The Accelerator is a facade over named public components (``accel_train.components``), each of which
+defines and documents its methods: checkpoints in :class:`~accel_train.components.checkpointer.Checkpointer`,
+collectives in :class:`~accel_train.components.process_ops.ProcessOperations`, trackers in
+:class:`~accel_train.components.trackers.Trackers` and the read-only attributes in
+:class:`~accel_train.components.attributes.AcceleratorAttributes`.
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ from accel_state.enums import PrecisionType, RNGType
 from accel_state.kwargs import InitProcessGroupKwargs, KwargsHandler
 from accel_state.state import GradientState
 from accel_train import connector
-from accel_train._attributes import AttributesMixin
-from accel_train._process_ops import ProcessOpsMixin
-from accel_train._state_io import StateIOMixin
-from accel_train._trackers import TrackersMixin
+from accel_train.components.attributes import AcceleratorAttributes
+from accel_train.components.checkpointer import Checkpointer
+from accel_train.components.process_ops import ProcessOperations
+from accel_train.components.trackers import Trackers
 from accel_train.optimizer import AcceleratedOptimizer
 from accel_train.plugins import GradientAccumulationPlugin, ProjectConfiguration, TorchDynamoPlugin
 from accel_train.scheduler import AcceleratedScheduler
@@ -72,7 +74,7 @@ def _is_scheduler(obj: Any) -> bool:
     )
 
 
-class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin):
+class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Trackers):
     """Adapts models, optimizers, data loaders and schedulers to the run's devices and processes.
 
     Every argument is optional; the launch configuration (``accel launch`` or the environment)
@@ -325,15 +327,9 @@ class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin)
         if _is_prepared(data_loader) or isinstance(data_loader, _prepared_loader_types()):
             self._remember(data_loader)
             return data_loader
-        from accel_data import prepare_data_loader
-
         config = self.dataloader_config
-        dims = self._strategy.parallel_dims
-        prepared = prepare_data_loader(
+        prepared = self._strategy.setup_data_loader(
             data_loader,
-            self.device,
-            num_processes=dims.data_parallel_size,
-            process_index=dims.data_parallel_rank,
             split_batches=self.split_batches,
             put_on_device=self._placement(device_placement),
             rng_types=list(self.rng_types),
@@ -345,7 +341,6 @@ class Accelerator(AttributesMixin, ProcessOpsMixin, StateIOMixin, TrackersMixin)
             non_blocking=config.non_blocking,
             use_stateful_dataloader=self.use_stateful_dataloader,
         )
-        prepared = self._strategy.wrap_data_loader(prepared)
         _mark_prepared(prepared)
         self._dataloaders.append(prepared)
         return prepared

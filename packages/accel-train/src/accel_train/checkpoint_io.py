@@ -308,8 +308,11 @@ class CheckpointIO:
     """Reads and writes one file of a checkpoint in the formats above; never unpickles code.
 
     Strategies decide *what* goes into a checkpoint (a full state dict on the writing process, or
-    shards from every process); this object decides *how* a file is written and read. A backend with
-    its own on-disk format (DCP folders, ZeRO shards) subclasses it.
+    shards from every process); this object decides *how* a file is written and read. It is the one
+    reader and writer of every backend's files: single files (weights, objects, RNG, JSON markers, the
+    manifest), ``torch.distributed.checkpoint`` folders (FSDP / ND shards) and DeepSpeed engine
+    checkpoints. The connector builds one per Accelerator and hands it to the strategy; a stricter or
+    differently stored reader is a subclass given there.
     """
 
     def save_weights(self, state_dict: Mapping[str, Any], path: str, safe_serialization: bool = True) -> None:
@@ -331,7 +334,74 @@ class CheckpointIO:
         return load_torch(path, map_location=map_location)
 
     def save_rng(self, path: str) -> None:
+        """This process's random-number-generator states (tensors and JSON, no pickle)."""
         save_rng(path)
 
     def load_rng(self, path: str) -> None:
         load_rng(path)
+
+    def save_json(self, obj: Any, path: str) -> None:
+        """A small JSON file (markers, manifests)."""
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(obj, handle)
+
+    def save_engine(self, engine: Any, folder: str, tag: str) -> None:
+        """A DeepSpeed engine's own checkpoint (model, optimizer partitions, engine scheduler) in ``folder/tag``.
+
+        Collective: every rank writes its partitions. DeepSpeed's own layout is kept, so its tools
+        (``zero_to_fp32.py``) read it.
+        """
+        engine.save_checkpoint(folder, tag=tag, client_state={}, save_latest=False)
+
+    def load_engine(self, engine: Any, folder: str, tag: str, strict: bool = True) -> None:
+        """Read ``folder/tag`` (written by :meth:`save_engine`) into the engine, optimizer and scheduler included."""
+        path, _ = engine.load_checkpoint(
+            folder,
+            tag=tag,
+            load_module_strict=strict,
+            load_optimizer_states=engine.optimizer is not None,
+            load_lr_scheduler_states=engine.lr_scheduler is not None,
+        )
+        if path is None:
+            raise FileNotFoundError(f"DeepSpeed found no checkpoint {tag!r} in {folder}")
+
+    def write_manifest(self, folder: str, content: dict[str, Any]) -> None:
+        """The checkpoint's manifest (``accel_checkpoint.json``), written last."""
+        write_manifest(folder, content)
+
+    def read_manifest(self, folder: str) -> dict[str, Any] | None:
+        """The manifest of ``folder`` (``None`` for a folder written by another tool)."""
+        return read_manifest(folder)
+
+    # -- sharded (torch.distributed.checkpoint) folders: every rank takes part ------------------------
+
+    def save_sharded(self, state: dict[str, Any], folder: str) -> None:
+        """Write this rank's shards of ``state`` into the DCP folder ``folder`` (collective)."""
+        import torch.distributed.checkpoint as dcp
+
+        os.makedirs(folder, exist_ok=True)
+        dcp.save(state, checkpoint_id=folder)
+
+    def sharded_metadata(self, folder: str) -> Any:
+        """The ``Metadata`` of the DCP folder ``folder`` (tensor names and global shapes)."""
+        import torch.distributed.checkpoint as dcp
+
+        return dcp.FileSystemReader(folder).read_metadata()
+
+    def load_sharded(self, state: dict[str, Any], folder: str, planner: Any = None) -> None:
+        """Read the DCP folder ``folder`` into ``state`` in place, resharded to this run (collective)."""
+        import torch.distributed.checkpoint as dcp
+
+        dcp.load(state, checkpoint_id=folder, planner=planner)
+
+    def load_sharded_whole(self, folder: str) -> dict[str, Any]:
+        """Every tensor of the DCP folder ``folder``, read whole on this one process (no process group)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+        state_dict: dict[str, Any] = {}
+        _load_state_dict(
+            state_dict, storage_reader=dcp.FileSystemReader(folder), planner=_EmptyStateDictLoadPlanner(), no_dist=True
+        )
+        return state_dict

@@ -14,6 +14,8 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,6 +23,7 @@ import torch
 from accel_state.constants import (
     CUSTOM_CHECKPOINT_PREFIX,
     DATALOADER_NAME,
+    FSDP_MODEL_NAME,
     MODEL_NAME,
     OPTIMIZER_NAME,
     RNG_STATE_NAME,
@@ -32,6 +35,26 @@ from accel_state.constants import (
 logger = logging.getLogger(__name__)
 
 CHECKPOINTS_FOLDER = "checkpoints"
+MANIFEST_NAME = "accel_checkpoint.json"
+
+#: Every name a checkpoint folder holds, by kind (the documented layout, one table for every strategy).
+#: A value is the stem: index 0 is ``stem.suffix``, index i ``stem_i.suffix`` (folders: ``stem_i``).
+FILE_NAMES: dict[str, str] = {
+    "model": SAFE_MODEL_NAME,  # model.safetensors
+    "model_bin": MODEL_NAME,  # pytorch_model.bin
+    "sharded_model": FSDP_MODEL_NAME,  # pytorch_model_fsdp_{i}/ (a torch.distributed.checkpoint folder)
+    "optimizer": OPTIMIZER_NAME,  # optimizer.bin, or optimizer_{i}/ when sharded
+    "scheduler": SCHEDULER_NAME,
+    "dataloader": DATALOADER_NAME,
+    "scaler": SCALER_NAME,
+    "rng": RNG_STATE_NAME,
+    "grads": "accumulated_grads",
+    "custom": CUSTOM_CHECKPOINT_PREFIX,
+    "manifest": MANIFEST_NAME,
+    "engine": MODEL_NAME,  # pytorch_model_{i}/: a DeepSpeed engine's own checkpoint tag
+    "engine_optimizer": "deepspeed_optimizer",  # deepspeed_optimizer_{i}.json: its optimizer's marker
+}
+
 _CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
 _OWNED_RE = re.compile(
     r"^((model|pytorch_model)(_\d+)?\.(safetensors|bin)|(optimizer|scheduler|sampler|dl_state_dict)(_\d+)?\.bin"
@@ -39,6 +62,12 @@ _OWNED_RE = re.compile(
     r"|accel_checkpoint\.json"
     r"|pytorch_model_fsdp(_\d+)?|optimizer_\d+|pytorch_model_fsdp_\d+_rank\d+\.bin)$"
 )
+
+#: Regular expressions over folder entries, by kind; the first group that matched is the index.
+MODEL_FILE_PATTERN = r"^(?:model(?:_(\d+))?\.safetensors|pytorch_model(?:_(\d+))?\.bin)$"
+OPTIMIZER_FILE_PATTERN = r"^optimizer(?:_(\d+))?\.bin$"
+SHARDED_MODEL_PATTERN = rf"^{FSDP_MODEL_NAME}(?:_(\d+))?$"
+SHARDED_OPTIMIZER_PATTERN = rf"^{OPTIMIZER_NAME}_(\d+)$"
 
 
 class CheckpointMismatchError(ValueError):
@@ -51,32 +80,45 @@ def indexed(stem: str, index: int, suffix: str) -> str:
 
 
 def model_file(index: int, safe_serialization: bool) -> str:
-    return indexed(SAFE_MODEL_NAME, index, "safetensors") if safe_serialization else indexed(MODEL_NAME, index, "bin")
+    """``model.safetensors`` / ``pytorch_model.bin`` (``_{index}`` after the first)."""
+    if safe_serialization:
+        return indexed(FILE_NAMES["model"], index, "safetensors")
+    return indexed(FILE_NAMES["model_bin"], index, "bin")
+
+
+def sharded_model_dir(index: int) -> str:
+    """``pytorch_model_fsdp_{index}``: the folder of a model's shards (every index numbered)."""
+    return f"{FILE_NAMES['sharded_model']}_{index}"
+
+
+def sharded_optimizer_dir(index: int) -> str:
+    """``optimizer_{index}``: the folder of an optimizer's shards (every index numbered)."""
+    return f"{FILE_NAMES['optimizer']}_{index}"
 
 
 def optimizer_file(index: int) -> str:
-    return indexed(OPTIMIZER_NAME, index, "bin")
+    return indexed(FILE_NAMES["optimizer"], index, "bin")
 
 
 def scheduler_file(index: int) -> str:
-    return indexed(SCHEDULER_NAME, index, "bin")
+    return indexed(FILE_NAMES["scheduler"], index, "bin")
 
 
 def dataloader_file(index: int) -> str:
-    return indexed(DATALOADER_NAME, index, "bin")
+    return indexed(FILE_NAMES["dataloader"], index, "bin")
 
 
 def rng_file(rank: int) -> str:
-    return f"{RNG_STATE_NAME}_{rank}.safetensors"
+    return f"{FILE_NAMES['rng']}_{rank}.safetensors"
 
 
 def grads_file(rank: int) -> str:
     """Gradients accumulated so far, when a checkpoint is taken between two optimizer steps."""
-    return f"accumulated_grads_{rank}.safetensors"
+    return f"{FILE_NAMES['grads']}_{rank}.safetensors"
 
 
 def custom_file(index: int) -> str:
-    return f"{CUSTOM_CHECKPOINT_PREFIX}_{index}.pkl"
+    return f"{FILE_NAMES['custom']}_{index}.pkl"
 
 
 def partial_dir(final_dir: str) -> str:
@@ -165,14 +207,16 @@ def prune(base: str, total_limit: int | None, keep: str) -> list[str]:
 # -- what a folder holds compared with what is expected ---------------------------------------------
 
 
-def _indices(entries: list[str], pattern: str) -> dict[int, str]:
+def _indices(entries: list[str], pattern: str, prefer: str | None = None) -> dict[int, str]:
+    """``{index: entry}`` of the entries matching ``pattern``; with two for one index, the one ending in ``prefer``."""
     regex = re.compile(pattern)
     out: dict[int, str] = {}
-    for entry in entries:
+    for entry in sorted(entries):
         match = regex.match(entry)
         if match:
-            index = next((group for group in match.groups() if group is not None), None)
-            out[int(index or 0)] = entry
+            index = int(next((group for group in match.groups() if group is not None), None) or 0)
+            if index not in out or (prefer is not None and entry.endswith(prefer)):
+                out[index] = entry
     return out
 
 
@@ -199,15 +243,13 @@ def check_contents(
         models = _indices(entries, layout["model"].pattern)
         model_namer = layout["model"].name
     else:
-        safe = _indices(entries, r"^model(?:_(\d+))?\.safetensors$")
-        unsafe = _indices(entries, r"^pytorch_model(?:_(\d+))?\.bin$")
-        models = {**unsafe, **safe}
+        models = _indices(entries, MODEL_FILE_PATTERN, prefer=".safetensors")
         model_namer = lambda i: model_file(i, True)  # noqa: E731
     if layout is not None and "optimizer" in layout:
         optimizers = _indices(entries, layout["optimizer"].pattern)
         optimizer_namer = layout["optimizer"].name
     else:
-        optimizers = _indices(entries, r"^optimizer(?:_(\d+))?\.bin$")
+        optimizers = _indices(entries, OPTIMIZER_FILE_PATTERN)
         optimizer_namer = optimizer_file
     groups = {
         "model": (models, num_models, model_namer),
@@ -260,14 +302,149 @@ def torch_device(value: Any, default: torch.device) -> Any:
     return value
 
 
+# -- the one walk over the registered objects (save_state, load_state and the module-level functions) --
+
+
+@dataclass
+class TrainingObjects:
+    """The objects a checkpoint holds, each kind in registration order.
+
+    ``scaler`` is anything with ``state_dict`` / ``load_state_dict`` (the precision, or a gradient
+    scaler); nothing is written for it when its ``state_dict()`` is ``None``.
+    """
+
+    models: Sequence[Any] = ()
+    optimizers: Sequence[Any] = ()
+    schedulers: Sequence[Any] = ()
+    dataloaders: Sequence[Any] = ()
+    custom: Sequence[Any] = ()
+    scaler: Any = None
+
+
+def write_objects(
+    folder: str,
+    objects: TrainingObjects,
+    strategy: Any,
+    *,
+    weights: Sequence[Any],
+    is_writer: bool,
+    process_index: int,
+    safe_serialization: bool = True,
+    loader_state: Callable[[Any], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Write every object of ``objects`` into ``folder``; called on every rank. Returns the entries written.
+
+    Models and optimizers are written by the strategy (its entries: full files on the writer, or
+    shards from every rank); schedulers, loader positions, the scaler and custom objects by the writer;
+    the random states by every rank. Every file goes through ``strategy.checkpoint_io``.
+
+    Args:
+        folder: the (partial) checkpoint folder, existing.
+        objects: what to save.
+        strategy: the strategy of the run (its checkpoint entries and ``checkpoint_io``).
+        weights: ``(model, state_dict)`` pairs to write (state dict ``None`` when the strategy writes shards).
+        is_writer: whether this process writes the shared files.
+        process_index: this process's rank (names its random-state file).
+        safe_serialization: safetensors (True) or ``torch.save`` (False) for model weights.
+        loader_state: the state of a data loader to write (default: ``loader.state_dict()``).
+    """
+    io_ = strategy.checkpoint_io
+    written: dict[str, Any] = {"models": [], "optimizers": []}
+    for index, (model, state_dict) in enumerate(weights):
+        written["models"].append(
+            strategy.save_model_checkpoint(model, state_dict, folder, index, safe_serialization, is_writer)
+        )
+    for index, optimizer in enumerate(objects.optimizers):
+        written["optimizers"].append(strategy.save_optimizer_checkpoint(optimizer, folder, index, is_writer))
+    if is_writer:
+        written.update({"schedulers": [], "dataloaders": [], "custom": []})
+        for index, scheduler in enumerate(objects.schedulers):
+            io_.save_object(scheduler.state_dict(), os.path.join(folder, scheduler_file(index)))
+            written["schedulers"].append(scheduler_file(index))
+        for index, loader in enumerate(objects.dataloaders):
+            if hasattr(loader, "state_dict"):
+                state = loader_state(loader) if loader_state is not None else loader.state_dict()
+                io_.save_object(state, os.path.join(folder, dataloader_file(index)))
+                written["dataloaders"].append(dataloader_file(index))
+        scaler_state = objects.scaler.state_dict() if objects.scaler is not None else None
+        if scaler_state is not None:
+            io_.save_object(scaler_state, os.path.join(folder, SCALER_NAME))
+            written["scaler"] = SCALER_NAME
+        for index, obj in enumerate(objects.custom):
+            io_.save_object(obj.state_dict(), os.path.join(folder, custom_file(index)))
+            written["custom"].append(custom_file(index))
+    io_.save_rng(os.path.join(folder, rng_file(process_index)))
+    return written
+
+
+def read_objects(
+    folder: str,
+    objects: TrainingObjects,
+    strategy: Any,
+    *,
+    model_entries: Sequence[str],
+    device: Any,
+    optimizer_location: Any,
+    process_index: int,
+    strict: bool = True,
+) -> None:
+    """Restore every object of ``objects`` from ``folder`` (never unpickling); called on every rank.
+
+    Args:
+        folder: the checkpoint folder.
+        objects: what to restore (data loaders without ``load_state_dict`` are skipped).
+        strategy: the strategy of the run (reads its own model and optimizer entries).
+        model_entries: the folder entry of each model, in order.
+        device: where model weights go.
+        optimizer_location: ``map_location`` of optimizer states.
+        process_index: this process's rank (its random-state file).
+        strict: every model key must match.
+    """
+    io_ = strategy.checkpoint_io
+    for model, entry in zip(objects.models, model_entries):
+        strategy.load_model_checkpoint(model, folder, entry, device, strict=strict)
+    for index, optimizer in enumerate(objects.optimizers):
+        strategy.load_optimizer_checkpoint(optimizer, folder, index, map_location=optimizer_location)
+    for index, scheduler in enumerate(objects.schedulers):
+        scheduler.load_state_dict(io_.load_object(os.path.join(folder, scheduler_file(index))))
+    loaders = [loader for loader in objects.dataloaders if hasattr(loader, "load_state_dict")]
+    for index, loader in enumerate(loaders):
+        path = os.path.join(folder, dataloader_file(index))
+        if os.path.isfile(path):
+            loader.load_state_dict(io_.load_object(path))
+    if objects.scaler is not None and objects.scaler.state_dict() is not None:
+        objects.scaler.load_state_dict(io_.load_object(os.path.join(folder, SCALER_NAME)))
+    for index, obj in enumerate(objects.custom):
+        obj.load_state_dict(io_.load_object(os.path.join(folder, custom_file(index))))
+    rng_path = os.path.join(folder, rng_file(process_index))
+    if os.path.isfile(rng_path):
+        io_.load_rng(rng_path)
+    elif os.path.isfile(os.path.join(folder, f"{RNG_STATE_NAME}_{process_index}.pkl")):
+        logger.warning(
+            "%s holds random states as a pickle (written by another tool); accel does not unpickle "
+            "checkpoints, so the random generators were not restored",
+            folder,
+        )
+    else:
+        logger.warning(
+            "no random states for process %d in %s (saved with another number of processes)", process_index, folder
+        )
+
+
+def _files_strategy() -> Any:
+    """The single-device strategy's checkpoint entries, for the module-level functions (no Accelerator)."""
+    from accel_train.strategies.base import Strategy
+
+    return Strategy(None, None)  # type: ignore[arg-type]  # entries only: no device, no precision needed
+
+
 # -- the documented module-level functions (for code that checkpoints without an Accelerator) ----------
 
 
-def _model_path(folder: str, index: int) -> str:
+def _model_entry(folder: str, index: int) -> str:
     for safe in (True, False):
-        path = os.path.join(folder, model_file(index, safe))
-        if os.path.isfile(path):
-            return path
+        if os.path.isfile(os.path.join(folder, model_file(index, safe))):
+            return model_file(index, safe)
     raise FileNotFoundError(f"{folder} holds no {model_file(index, True)} or {model_file(index, False)}")
 
 
@@ -289,24 +466,19 @@ def save_accelerator_state(
 
     ``step`` is accepted for compatibility; accel keeps no step counter in the random-state file.
     """
-    from accel_train import checkpoint_io as io
-
     folder = os.fspath(output_dir)
     os.makedirs(folder, exist_ok=True)
     local_main = int(os.environ.get("LOCAL_RANK", process_index)) == 0
-    if process_index == 0 or (save_on_each_node and local_main):
-        for index, state in enumerate(model_states):
-            io.save_weights(state, os.path.join(folder, model_file(index, safe_serialization)), safe_serialization)
-        for index, optimizer in enumerate(optimizers):
-            io.save_torch(optimizer.state_dict(), os.path.join(folder, optimizer_file(index)))
-        for index, scheduler in enumerate(schedulers):
-            io.save_torch(scheduler.state_dict(), os.path.join(folder, scheduler_file(index)))
-        for index, loader in enumerate(dataloaders):
-            if hasattr(loader, "state_dict"):
-                io.save_torch(loader.state_dict(), os.path.join(folder, dataloader_file(index)))
-        if scaler is not None:
-            io.save_torch(scaler.state_dict(), os.path.join(folder, SCALER_NAME))
-    io.save_rng(os.path.join(folder, rng_file(process_index)))
+    objects = TrainingObjects(optimizers=optimizers, schedulers=schedulers, dataloaders=dataloaders, scaler=scaler)
+    write_objects(
+        folder,
+        objects,
+        _files_strategy(),
+        weights=[(None, state) for state in model_states],
+        is_writer=process_index == 0 or (save_on_each_node and local_main),
+        process_index=process_index,
+        safe_serialization=safe_serialization,
+    )
     return folder
 
 
@@ -324,28 +496,18 @@ def load_accelerator_state(
 ) -> dict[str, Any]:
     """Restore what :func:`save_accelerator_state` wrote into the given objects (never unpickling);
     returns the attributes to override on the caller (none are kept by accel: an empty dict)."""
-    from accel_train import checkpoint_io as io
-
     folder = os.fspath(input_dir)
     device = map_location if map_location not in (None, "on_device") else "cpu"
-    strict = load_model_func_kwargs.pop("strict", True)
-    for index, model in enumerate(models):
-        path = _model_path(folder, index)
-        io.load_into_model(model, io.load_weights(path, device), path, strict=strict)
-    optimizer_location = (load_kwargs or {}).get("map_location", device)
-    for index, optimizer in enumerate(optimizers):
-        optimizer.load_state_dict(io.load_torch(os.path.join(folder, optimizer_file(index)), optimizer_location))
-    for index, scheduler in enumerate(schedulers):
-        scheduler.load_state_dict(io.load_torch(os.path.join(folder, scheduler_file(index))))
-    for index, loader in enumerate(dataloaders):
-        path = os.path.join(folder, dataloader_file(index))
-        if hasattr(loader, "load_state_dict") and os.path.isfile(path):
-            loader.load_state_dict(io.load_torch(path))
-    if scaler is not None:
-        scaler.load_state_dict(io.load_torch(os.path.join(folder, SCALER_NAME)))
-    rng_path = os.path.join(folder, rng_file(process_index))
-    if os.path.isfile(rng_path):
-        io.load_rng(rng_path)
+    read_objects(
+        folder,
+        TrainingObjects(models, optimizers, schedulers, dataloaders, scaler=scaler),
+        _files_strategy(),
+        model_entries=[_model_entry(folder, index) for index in range(len(models))],
+        device=device,
+        optimizer_location=(load_kwargs or {}).get("map_location", device),
+        process_index=process_index,
+        strict=load_model_func_kwargs.pop("strict", True),
+    )
     return {}
 
 
@@ -354,14 +516,14 @@ def save_custom_state(obj: Any, path: str | os.PathLike[str], index: int = 0, sa
 
     ``save_on_each_node`` is accepted for compatibility: the caller decides which process calls it.
     """
-    from accel_train import checkpoint_io as io
+    from accel_train.checkpoint_io import CheckpointIO
 
     os.makedirs(os.fspath(path), exist_ok=True)
-    io.save_torch(obj.state_dict(), os.path.join(os.fspath(path), custom_file(index)))
+    CheckpointIO().save_object(obj.state_dict(), os.path.join(os.fspath(path), custom_file(index)))
 
 
 def load_custom_state(obj: Any, path: str | os.PathLike[str], index: int = 0) -> None:
     """Restore ``obj`` from ``<path>/custom_checkpoint_<index>.pkl`` (never unpickling objects)."""
-    from accel_train import checkpoint_io as io
+    from accel_train.checkpoint_io import CheckpointIO
 
-    obj.load_state_dict(io.load_torch(os.path.join(os.fspath(path), custom_file(index))))
+    obj.load_state_dict(CheckpointIO().load_object(os.path.join(os.fspath(path), custom_file(index))))

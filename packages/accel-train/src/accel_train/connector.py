@@ -189,13 +189,14 @@ def build(
     dynamo_plugin: Any = None,
 ) -> Components:
     """Interpret an Accelerator's arguments with the environment; build and validate its components."""
-    if mixed_precision is not None:
-        mixed_precision = PrecisionType.parse(mixed_precision).value  # clear error on a wrong value
+    # mixed_precision is parsed once, here at the edge: the argument, else the launcher's variable (a
+    # clear error on a wrong value). Its class is looked up before any process group starts, so a mode
+    # that cannot run here fails without side effects.
+    explicit = mixed_precision is not None
+    requested = PrecisionType.parse(mixed_precision if explicit else env_vars.read("ACCELERATE_MIXED_PRECISION"))
+    mixed_precision = requested.value if explicit else None
     handlers = sort_handlers(kwargs_handlers)
-    # The precision class is looked up before any process group starts: a mode that cannot run
-    # here fails without side effects.
-    requested = mixed_precision if mixed_precision is not None else env_vars.read("ACCELERATE_MIXED_PRECISION")
-    precision_class(PrecisionType.parse(requested).value)
+    precision_class(requested.value)
     plugins = _plugins(
         deepspeed_plugin, deepspeed_plugins, fsdp_plugin, megatron_lm_plugin, torch_tp_plugin, parallelism_config
     )
@@ -212,16 +213,12 @@ def build(
     mode = state.mixed_precision
     name = strategy_name(state.distributed_type, state.parallelism_config)
     precision_cls = precision_class(mode)
-    if precision_cls.supported_strategies is not None and name not in precision_cls.supported_strategies:
-        raise ValueError(
-            f"mixed_precision={mode!r} cannot run with the {name} strategy; it runs with "
-            f"{sorted(precision_cls.supported_strategies)}"
-        )
     try:
         strategy_cls = strategy_class(name)
     except NotImplementedError:
         strategy_cls = None  # refused at prepare time, so that configs are still checked here
     if strategy_cls is not None:
+        strategy_cls.check_precision(state, PrecisionType(mode), precision_cls)
         strategy_cls.validate(state, precision_cls, mode)
         precision_cls = strategy_cls.precision_for(precision_cls, mode)
     precision = precision_cls(

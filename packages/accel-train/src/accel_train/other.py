@@ -20,6 +20,7 @@ import torch
 from accel_bigmodel.estimate import convert_bytes
 from accel_state.environment import check_os_kernel
 from accel_state.logging import get_logger
+from accel_train import wrappers
 from accel_train.checkpoint_io import load, save
 
 logger = get_logger(__name__)
@@ -62,123 +63,14 @@ class CannotPadNestedTensorWarning(UserWarning):
     """Warned when ``pad_across_processes`` meets a nested tensor, which it cannot pad."""
 
 
-# -- compiled modules -------------------------------------------------------------------------------
+# -- compiled modules and unwrapping: the same functions as accel_train.wrappers ----------------------
 
-
-def is_compiled_module(module: Any) -> bool:
-    """True when ``module`` is the result of ``torch.compile`` (an ``OptimizedModule``)."""
-    optimized = getattr(getattr(torch, "_dynamo", None), "eval_frame", None)
-    cls = getattr(optimized, "OptimizedModule", None)
-    if cls is not None:
-        return isinstance(module, cls)
-    return hasattr(module, "_orig_mod") and type(module).__name__ == "OptimizedModule"
-
-
-def has_compiled_regions(module: Any) -> bool:
-    """True when some sub-module of ``module`` (not ``module`` itself) is compiled."""
-    if not isinstance(module, torch.nn.Module):
-        return False
-    return any(is_compiled_module(child) for name, child in module.named_modules() if name)
-
-
-def _repeated_blocks(module: torch.nn.Module) -> list[torch.nn.ModuleList]:
-    """The ``ModuleList``s of ``module`` whose entries all share one class (transformer layers)."""
-    found = []
-    for child in module.modules():
-        if isinstance(child, torch.nn.ModuleList) and len(child) > 0 and len({type(b) for b in child}) == 1:
-            found.append(child)
-    return found
-
-
-def compile_regions(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
-    """Compile each repeated block (every entry of a ``ModuleList`` of one class) instead of the whole model.
-
-    Compiling one block and reusing the result for its siblings is much faster than compiling the whole
-    model. Returns ``module`` with those entries replaced by compiled modules; with no repeated block,
-    the whole module compiled.
-    """
-    blocks = _repeated_blocks(module)
-    if not blocks:
-        return torch.compile(module, **compile_kwargs)  # type: ignore[return-value]
-    for block_list in blocks:
-        for index, block in enumerate(block_list):
-            if not is_compiled_module(block):
-                block_list[index] = torch.compile(block, **compile_kwargs)  # type: ignore[assignment]
-    return module
-
-
-def _compile_blocks_in_place(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
-    blocks = _repeated_blocks(module)
-    if not blocks:
-        module.compile(**compile_kwargs)
-        return module
-    for block_list in blocks:
-        for block in block_list:
-            block.compile(**compile_kwargs)
-    return module
-
-
-def compile_regions_deepspeed(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
-    """Compile the repeated blocks in place (``nn.Module.compile``), keeping module identity, as a
-    DeepSpeed engine needs."""
-    return _compile_blocks_in_place(module, **compile_kwargs)
-
-
-def compile_regions_fsdp2(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
-    """Compile the repeated blocks in place, keeping the FSDP2-sharded modules they are."""
-    return _compile_blocks_in_place(module, **compile_kwargs)
-
-
-# -- unwrapping -------------------------------------------------------------------------------------
-
-
-def _parallel_wrappers() -> tuple[type, ...]:
-    wrappers: list[type] = [torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel]
-    deepspeed = sys.modules.get("deepspeed")  # an engine exists only if deepspeed was imported
-    engine = getattr(deepspeed, "DeepSpeedEngine", None) if deepspeed is not None else None
-    if isinstance(engine, type):
-        wrappers.append(engine)
-    return tuple(wrappers)
-
-
-def _restore_forward(model: torch.nn.Module) -> None:
-    """Drop the mixed-precision forward wrapper the Accelerator put on ``model`` (if any)."""
-    from accel_train import precision
-
-    restore = getattr(precision, "unwrap_forward", None)
-    if restore is not None:
-        restore(model)
-
-
-def extract_model_from_parallel(
-    model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True, recursive: bool = False
-) -> Any:
-    """The user's model inside DDP, DataParallel, DeepSpeed-engine and ``torch.compile`` wrappers.
-
-    Args:
-        keep_fp32_wrapper: keep the mixed-precision forward wrapper (False removes it).
-        keep_torch_compile: give the compiled model back compiled (False: the module it compiled).
-        recursive: also unwrap DDP/DataParallel wrappers found on sub-modules.
-    """
-    wrappers = _parallel_wrappers()
-    compiled = None
-    if is_compiled_module(model):
-        compiled = model
-        model = model._orig_mod
-    while isinstance(model, wrappers):
-        model = model.module  # type: ignore[attr-defined]
-    if recursive and isinstance(model, torch.nn.Module):
-        for name, child in list(model.named_children()):
-            inner = extract_model_from_parallel(child, keep_fp32_wrapper, keep_torch_compile, recursive=True)
-            if inner is not child:
-                setattr(model, name, inner)
-    if not keep_fp32_wrapper and isinstance(model, torch.nn.Module):
-        _restore_forward(model)
-    if keep_torch_compile and compiled is not None:
-        if compiled._orig_mod is model:
-            return compiled
-        return torch.compile(model)
-    return model
+is_compiled_module = wrappers.is_compiled
+has_compiled_regions = wrappers.has_compiled_regions
+compile_regions = wrappers.compile_regions
+compile_regions_deepspeed = wrappers.compile_regions_in_place
+compile_regions_fsdp2 = wrappers.compile_regions_in_place
+extract_model_from_parallel = wrappers.unwrap_model
 
 
 def model_has_dtensor(model: torch.nn.Module) -> bool:

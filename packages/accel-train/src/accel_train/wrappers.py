@@ -16,6 +16,7 @@ from accel_train.plugins import TorchDynamoPlugin
 __all__ = [
     "compile_model",
     "compile_regions",
+    "compile_regions_in_place",
     "has_compiled_regions",
     "is_compiled",
     "repeated_block_lists",
@@ -51,17 +52,42 @@ def repeated_block_lists(model: torch.nn.Module) -> list[torch.nn.ModuleList]:
 
 
 def compile_regions(model: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
-    """Compile each block of a ``ModuleList`` of identical blocks once (same code, reused graphs);
-    the whole model when it has no such list."""
+    """Compile each block of a ``ModuleList`` of identical blocks once (same code, reused graphs).
+
+    Compiling one block and reusing its graph for the siblings is much faster than compiling the whole
+    model. Blocks already compiled are left as they are.
+
+    Args:
+        model: the model; its repeated blocks are replaced by compiled modules.
+        **compile_kwargs: passed to ``torch.compile``.
+
+    Returns:
+        ``model`` itself, or the whole model compiled when it has no repeated blocks.
+    """
     lists = repeated_block_lists(model)
     for module in lists:
         for index, block in enumerate(module):
-            module[index] = torch.compile(block, **compile_kwargs)  # type: ignore[assignment]
+            if not is_compiled(block):
+                module[index] = torch.compile(block, **compile_kwargs)  # type: ignore[assignment]
     return model if lists else torch.compile(model, **compile_kwargs)  # type: ignore[return-value]
 
 
-def has_compiled_regions(model: torch.nn.Module) -> bool:
+def compile_regions_in_place(model: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
+    """Like :func:`compile_regions`, but with ``nn.Module.compile``: every module keeps its identity, as
+    a DeepSpeed engine or FSDP2-sharded modules need. Returns ``model``."""
+    lists = repeated_block_lists(model)
+    if not lists:
+        model.compile(**compile_kwargs)
+    for module in lists:
+        for block in module:
+            block.compile(**compile_kwargs)
+    return model
+
+
+def has_compiled_regions(model: Any) -> bool:
     """True when some submodule (not the model itself) was compiled by :func:`compile_regions`."""
+    if not isinstance(model, torch.nn.Module):
+        return False
     return any(is_compiled(module) for module in model.modules() if module is not model)
 
 
@@ -69,11 +95,23 @@ def _is_wrapper(model: Any) -> bool:
     return type(model).__name__ in _WRAPPER_NAMES and isinstance(getattr(model, "module", None), torch.nn.Module)
 
 
-def unwrap_model(model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> Any:
+def unwrap_model(
+    model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True, recursive: bool = False
+) -> Any:
     """The user's model inside DDP / FSDP1 / DeepSpeed / DataParallel / ``torch.compile`` wrappers.
 
-    With ``keep_fp32_wrapper=False`` the mixed-precision forward is removed too; with
-    ``keep_torch_compile`` a compiled model stays compiled (a compiled view of the inner model).
+    Also documented as ``extract_model_from_parallel`` (``accel.utils``).
+
+    Args:
+        model: the prepared (wrapped) model.
+        keep_fp32_wrapper: keep the mixed-precision forward (autocast, fp32 outputs); ``False``
+            removes it from the model, in place.
+        keep_torch_compile: give a compiled model back compiled (a compiled view of the inner model);
+            ``False`` gives the module that was compiled.
+        recursive: also unwrap DDP / DataParallel wrappers found on sub-modules (in place).
+
+    Returns:
+        The user's module.
     """
     compiled = None
     if is_compiled(model):
@@ -81,7 +119,12 @@ def unwrap_model(model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile:
         model = model._orig_mod
     while _is_wrapper(model):
         model = model.module
-    if not keep_fp32_wrapper:
+    if recursive and isinstance(model, torch.nn.Module):
+        for name, child in list(model.named_children()):
+            inner = unwrap_model(child, keep_fp32_wrapper, keep_torch_compile, recursive=True)
+            if inner is not child:
+                setattr(model, name, inner)
+    if not keep_fp32_wrapper and isinstance(model, torch.nn.Module):
         from accel_train.precisions.base import remove_forward_wrapper
 
         remove_forward_wrapper(model)

@@ -42,7 +42,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from accel_train.merge import merge_fsdp_weights
+    from accel_train.strategies.fsdp.merge import merge_fsdp_weights
 
     try:
         target = merge_fsdp_weights(

@@ -46,7 +46,8 @@ class Precision:
 
     #: The ``mixed_precision`` values this class serves.
     modes: ClassVar[tuple[str, ...]] = ("no",)
-    #: Strategy names this precision can run with (``None``: every strategy).
+    #: Strategy names a precision registered from outside can run with (``None``: every strategy that
+    #: lists the mode in its ``Strategy.precisions``, the built-in compatibility table).
     supported_strategies: ClassVar[frozenset[str] | None] = None
 
     def __init__(

@@ -40,7 +40,6 @@ class FP8Precision(Precision):
     """FP8 layers (torchao or TransformerEngine) and bf16 autocast around them."""
 
     modes: ClassVar[tuple[str, ...]] = ("fp8",)
-    supported_strategies: ClassVar[frozenset[str] | None] = frozenset({"single_device", "ddp", "nd_parallel", "fsdp"})
 
     def __init__(
         self,

@@ -23,9 +23,9 @@ __all__ = ["STRATEGIES", "DDP_TYPES", "register_strategy", "strategy_class", "st
 STRATEGIES: dict[str, str] = {
     "single_device": "accel_train.strategies.single_device:SingleDeviceStrategy",
     "ddp": "accel_train.strategies.ddp:DDPStrategy",
-    "fsdp": "accel_train.strategies.fsdp:FSDPStrategy",
-    "deepspeed": "accel_train.strategies.deepspeed:DeepSpeedStrategy",
-    "nd_parallel": "accel_train.strategies.nd_parallel:NDParallelStrategy",
+    "fsdp": "accel_train.strategies.fsdp.strategy:FSDPStrategy",
+    "deepspeed": "accel_train.strategies.deepspeed.strategy:DeepSpeedStrategy",
+    "nd_parallel": "accel_train.strategies.nd.strategy:NDParallelStrategy",
     "pipeline": "accel_train.strategies.pipeline.strategy:PipelineStrategy",
     "megatron_lm": "accel_train.strategies.megatron.strategy:MegatronLMStrategy",
     "xla": "accel_train.strategies.xla.strategy:XLAStrategy",

@@ -10,7 +10,11 @@ A strategy owns everything that depends on how a model is spread over processes:
   schedulers;
 - **state**: unwrapping, full state dicts of models and optimizers (every rank takes part when
   :attr:`is_sharded`), and the model/optimizer entries of ``save_state`` checkpoints;
-- the **facts** the Accelerator reports: device mesh, data/tensor/context parallel ranks and sizes.
+- **data loaders**: :meth:`setup_data_loader` shards a loader over the data-parallel ranks (a backend
+  may wrap it: XLA's device loader, a pipeline stage that reads no data);
+- the **precisions** it runs with (:attr:`Strategy.precisions`, checked by :meth:`check_precision`:
+  the one compatibility table between strategies and ``mixed_precision`` modes);
+- the **facts** the Accelerator reports: device mesh, data/tensor/context/pipeline parallel ranks and sizes.
 
 The base class is also the single-device behaviour; subclasses override only what differs. The
 precision (:mod:`accel_train.precisions`) and the checkpoint I/O are given to the strategy by the
@@ -28,6 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from accel_state.enums import PrecisionType
 from accel_train.precisions.base import Precision
 from accel_train.wrappers import compile_model, unwrap_model
 
@@ -39,7 +44,11 @@ __all__ = ["CheckpointEntry", "ParallelDims", "Prepared", "Strategy"]
 
 @dataclass(frozen=True)
 class ParallelDims:
-    """Sizes and this process's ranks along each parallel dimension (1 / 0 where unused)."""
+    """Sizes and this process's ranks along each parallel dimension (1 / 0 where unused).
+
+    Checked once, when built: every size is at least 1 and every rank lies in ``[0, size)``.
+    ``pp`` is the pipeline dimension (stages); data loaders shard over the data-parallel ranks only.
+    """
 
     dp_replicate_size: int = 1
     dp_shard_size: int = 1
@@ -51,6 +60,19 @@ class ParallelDims:
     cp_rank: int = 0
     pp_size: int = 1
     pp_rank: int = 0
+
+    def __post_init__(self) -> None:
+        for dim in ("dp_replicate", "dp_shard", "tp", "cp", "pp"):
+            size, rank = getattr(self, f"{dim}_size"), getattr(self, f"{dim}_rank")
+            if not isinstance(size, int) or size < 1:
+                raise ValueError(f"ParallelDims.{dim}_size must be an integer >= 1, got {size!r}")
+            if not isinstance(rank, int) or not 0 <= rank < size:
+                raise ValueError(f"ParallelDims.{dim}_rank must be in [0, {size}), got {rank!r}")
+
+    @property
+    def world_size(self) -> int:
+        """The number of processes these dimensions span (their product)."""
+        return self.data_parallel_size * self.tp_size * self.cp_size * self.pp_size
 
     @property
     def data_parallel_size(self) -> int:
@@ -91,6 +113,9 @@ class Strategy:
     is_sharded: ClassVar[bool] = False
     #: ``optimizer.step`` / ``zero_grad`` of the prepared optimizer are driven by the backend.
     backend_steps_optimizer: ClassVar[bool] = False
+    #: The ``mixed_precision`` modes this strategy runs with: the one compatibility table between
+    #: strategies and precisions (a precision does not list strategies). Checked by :meth:`check_precision`.
+    precisions: ClassVar[frozenset[PrecisionType]] = frozenset(PrecisionType)
 
     def __init__(
         self,
@@ -128,6 +153,30 @@ class Strategy:
         autocast or gradient scaler.
         """
         return precision_cls
+
+    @classmethod
+    def check_precision(cls, state: Any, mode: PrecisionType, precision_cls: type[Precision] | None = None) -> None:
+        """Raise a ``ValueError`` naming the strategy and what it runs with when it cannot run ``mode``.
+
+        The built-in table is :attr:`precisions`; a precision registered from outside may narrow it
+        with its ``supported_strategies``. A subclass may add conditions that depend on its plugin
+        (for example FP8 only with FSDP2). Called once, by the connector.
+
+        Args:
+            state: the ``AcceleratorState`` of the run (its plugins).
+            mode: the parsed ``mixed_precision``.
+            precision_cls: the precision class registered for ``mode``.
+        """
+        if mode not in cls.precisions:
+            raise ValueError(
+                f"mixed_precision={mode.value!r} cannot run with the {cls.name} strategy; it runs with "
+                f"{sorted(m.value for m in cls.precisions)}"
+            )
+        allowed = getattr(precision_cls, "supported_strategies", None)
+        if allowed is not None and cls.name not in allowed:
+            raise ValueError(
+                f"mixed_precision={mode.value!r} cannot run with the {cls.name} strategy; it runs with {sorted(allowed)}"
+            )
 
     @classmethod
     def validate(cls, state: Any, precision_cls: type[Precision], mode: str) -> None:
@@ -225,6 +274,34 @@ class Strategy:
             scheduler, optimizers, step_with_optimizer=step_with_optimizer, split_batches=split_batches
         )
 
+    # -- data loaders -----------------------------------------------------------------------------
+
+    def setup_data_loader(self, data_loader: Any, **options: Any) -> Any:
+        """The prepared data loader: sharded over the data-parallel ranks of :attr:`parallel_dims`.
+
+        Processes that share a data-parallel rank (tensor, context or pipeline peers) get the same
+        batches. A backend overrides this to wrap the loader (a device loader, a pipeline stage that
+        reads no data).
+
+        Args:
+            data_loader: the user's ``torch.utils.data.DataLoader``.
+            **options: the Accelerator's data-loader settings, passed on to
+                ``accel_data.prepare_data_loader`` (``split_batches``, ``put_on_device``, ...).
+
+        Returns:
+            The prepared loader.
+        """
+        from accel_data import prepare_data_loader
+
+        dims = self.parallel_dims
+        return prepare_data_loader(
+            data_loader,
+            self.device,
+            num_processes=dims.data_parallel_size,
+            process_index=dims.data_parallel_rank,
+            **options,
+        )
+
     # -- training step ------------------------------------------------------------------------------
 
     def backward(self, loss: torch.Tensor, accumulation_steps: int = 1, **kwargs: Any) -> None:
@@ -250,10 +327,6 @@ class Strategy:
     ) -> contextlib.AbstractContextManager[Any]:
         """Context sharding ``buffers`` over context-parallel ranks (nothing without context parallelism)."""
         return contextlib.nullcontext()
-
-    def wrap_data_loader(self, data_loader: Any) -> Any:
-        """The prepared data loader as the backend iterates it (the same loader here; XLA's device loader)."""
-        return data_loader
 
     def ulysses_dl_adapter(self, dataloader: Any, model: Any) -> Any:
         """The data loader adapted for the backend's sequence parallelism (the same loader without it);
@@ -306,10 +379,8 @@ class Strategy:
         from accel_train import checkpointing as ckpt
 
         return {
-            "model": CheckpointEntry(
-                r"^(?:model(?:_(\d+))?\.safetensors|pytorch_model(?:_(\d+))?\.bin)$", lambda i: ckpt.model_file(i, True)
-            ),
-            "optimizer": CheckpointEntry(r"^optimizer(?:_(\d+))?\.bin$", ckpt.optimizer_file),
+            "model": CheckpointEntry(ckpt.MODEL_FILE_PATTERN, lambda i: ckpt.model_file(i, True)),
+            "optimizer": CheckpointEntry(ckpt.OPTIMIZER_FILE_PATTERN, ckpt.optimizer_file),
         }
 
     def checkpoint_weights(self, model: torch.nn.Module) -> dict[str, Any] | None:

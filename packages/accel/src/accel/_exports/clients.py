@@ -1,36 +1,15 @@
 """Documented names that libraries built on the documented system import (transformers, peft, ported
-scripts), gathered from the packages that own them. Registered after the placeholders and before
+scripts), gathered from the packages that own them (accel-train's, ``accel.utils.other`` included, come from its
+own lists: see ``train.py``). Registered after the placeholders and before
 the owners' own tables, so an owner that later exports the same name keeps its entry."""
 
 _S = "accel_state"
-_T = "accel_train"
 
 TOP_LEVEL: dict[str, str] = {
     "synchronize_rng_states": f"{_S}.random",
     "is_rich_available": f"{_S}.imports",
 }
 
-_OTHER = [
-    "CannotPadNestedTensorWarning",
-    "CustomDtype",
-    "clean_state_dict_for_safetensors",
-    "compile_regions",
-    "compile_regions_deepspeed",
-    "compile_regions_fsdp2",
-    "convert_bytes",
-    "extract_model_from_parallel",
-    "get_grad_scaler",
-    "get_mixed_precision_context_manager",
-    "get_module_class_from_name",
-    "get_pretty_name",
-    "has_compiled_regions",
-    "install_xla",
-    "is_compiled_module",
-    "is_peft_model",
-    "merge_dicts",
-    "model_has_dtensor",
-    "recursive_getattr",
-]
 _ENVIRONMENT = [
     "purge_accelerate_environment",
     "get_current_device_type",
@@ -72,15 +51,13 @@ _CONSTANTS = [
 ]
 
 UTILS: dict[str, str] = {}
-UTILS.update({name: f"{_T}.other" for name in _OTHER})
 UTILS.update({name: f"{_S}.environment" for name in _ENVIRONMENT})
 UTILS.update({name: f"{_S}.imports" for name in _PROBES})
 UTILS.update({name: f"{_S}.constants" for name in _CONSTANTS})
 UTILS["tqdm"] = f"{_S}.progress_bar"
+UTILS["convert_bytes"] = "accel_bigmodel.estimate"
 
 MODULES: dict[str, str] = {
-    "accel.utils.other": f"{_T}.other",
-    "accel.utils.torch_xla": f"{_T}.other",
     "accel.utils.tqdm": f"{_S}.progress_bar",
     "accel.utils.rich": "accel_launch.rich_traceback",
     "accel.memory_utils": f"{_S}.memory",

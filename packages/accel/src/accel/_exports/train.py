@@ -1,105 +1,108 @@
-"""Names and module paths that accel-train provides to the meta-package."""
+"""Names and module paths that accel_train provides to the meta-package.
 
-_T = "accel_train"
+GENERATED from ``accel_train.meta_exports()`` by ``python -m accel._exports.generate``: do not edit;
+change the package's own lists and run the command.
+"""
 
 TOP_LEVEL: dict[str, str] = {
-    "Accelerator": f"{_T}.accelerator",
-    "AutocastKwargs": f"{_T}.kwargs_handlers",
-    "DDPCommunicationHookType": f"{_T}.kwargs_handlers",
-    "DistributedDataParallelKwargs": f"{_T}.kwargs_handlers",
-    "GradScalerKwargs": f"{_T}.kwargs_handlers",
-    "ProfileKwargs": f"{_T}.kwargs_handlers",
-    "DeepSpeedPlugin": f"{_T}.parallel_plugins",
-    "FullyShardedDataParallelPlugin": f"{_T}.parallel_plugins",
-    "ParallelismConfig": f"{_T}.parallel_plugins",
+    "Accelerator": "accel_train.accelerator",
+    "AutocastKwargs": "accel_train.kwargs_handlers",
+    "DDPCommunicationHookType": "accel_train.kwargs_handlers",
+    "DeepSpeedPlugin": "accel_train.parallel_plugins",
+    "DistributedDataParallelKwargs": "accel_train.kwargs_handlers",
+    "FullyShardedDataParallelPlugin": "accel_train.parallel_plugins",
+    "GradScalerKwargs": "accel_train.kwargs_handlers",
+    "ParallelismConfig": "accel_train.parallel_plugins",
+    "ProfileKwargs": "accel_train.kwargs_handlers",
 }
 
-_KWARGS = [
-    "AutocastKwargs",
-    "DDPCommunicationHookType",
-    "DistributedDataParallelKwargs",
-    "GradScalerKwargs",
-    "ProfileKwargs",
-    "FP8RecipeKwargs",
-    "TERecipeKwargs",
-    "MSAMPRecipeKwargs",
-    "AORecipeKwargs",
-]
-_PLUGINS = ["GradientAccumulationPlugin", "ProjectConfiguration", "TorchDynamoPlugin"]
-_PARALLEL = [
-    "FullyShardedDataParallelPlugin",
-    "DeepSpeedPlugin",
-    "MegatronLMPlugin",
-    "TorchTensorParallelPlugin",
-    "ParallelismConfig",
-    "TorchTensorParallelConfig",
-    "TorchContextParallelConfig",
-]
-
-UTILS: dict[str, str] = {}
-UTILS.update({name: f"{_T}.kwargs_handlers" for name in _KWARGS})
-UTILS.update({name: f"{_T}.plugins" for name in _PLUGINS})
-UTILS.update({name: f"{_T}.parallel_plugins" for name in _PARALLEL})
-UTILS["merge_fsdp_weights"] = f"{_T}.merge"
-UTILS["save"] = f"{_T}.checkpoint_io"
-UTILS["load"] = f"{_T}.checkpoint_io"
+UTILS: dict[str, str] = {
+    "AORecipeKwargs": "accel_train.kwargs_handlers",
+    "AbstractTrainStep": "accel_train.strategies.megatron",
+    "AutocastKwargs": "accel_train.kwargs_handlers",
+    "BackendNotAvailableError": "accel_train.parallel_plugins",
+    "BertTrainStep": "accel_train.strategies.megatron",
+    "CannotPadNestedTensorWarning": "accel_train.other",
+    "CustomDtype": "accel_train.other",
+    "DDPCommunicationHookType": "accel_train.kwargs_handlers",
+    "DeepSpeedEngineWrapper": "accel_train.strategies.deepspeed.utils",
+    "DeepSpeedOptimizerWrapper": "accel_train.strategies.deepspeed.utils",
+    "DeepSpeedPlugin": "accel_train.parallel_plugins",
+    "DeepSpeedSchedulerWrapper": "accel_train.strategies.deepspeed.utils",
+    "DistributedDataParallelKwargs": "accel_train.kwargs_handlers",
+    "DummyOptim": "accel_train.strategies.deepspeed.utils",
+    "DummyScheduler": "accel_train.strategies.deepspeed.utils",
+    "FP8RecipeKwargs": "accel_train.kwargs_handlers",
+    "FullyShardedDataParallelPlugin": "accel_train.parallel_plugins",
+    "GPTTrainStep": "accel_train.strategies.megatron",
+    "GradScalerKwargs": "accel_train.kwargs_handlers",
+    "GradientAccumulationPlugin": "accel_train.plugins",
+    "HfDeepSpeedConfig": "accel_train.strategies.deepspeed.utils",
+    "MSAMPRecipeKwargs": "accel_train.kwargs_handlers",
+    "MegatronLMDummyDataLoader": "accel_train.strategies.megatron",
+    "MegatronLMDummyScheduler": "accel_train.strategies.megatron",
+    "MegatronLMPlugin": "accel_train.parallel_plugins",
+    "ParallelismConfig": "accel_train.parallel_plugins",
+    "ProfileKwargs": "accel_train.kwargs_handlers",
+    "ProjectConfiguration": "accel_train.plugins",
+    "T5TrainStep": "accel_train.strategies.megatron",
+    "TERecipeKwargs": "accel_train.kwargs_handlers",
+    "TorchContextParallelConfig": "accel_train.parallel_plugins",
+    "TorchDynamoPlugin": "accel_train.plugins",
+    "TorchTensorParallelConfig": "accel_train.parallel_plugins",
+    "TorchTensorParallelPlugin": "accel_train.parallel_plugins",
+    "avg_losses_across_data_parallel_group": "accel_train.strategies.megatron",
+    "clean_state_dict_for_safetensors": "accel_train.other",
+    "compile_regions": "accel_train.other",
+    "compile_regions_deepspeed": "accel_train.other",
+    "compile_regions_fsdp2": "accel_train.other",
+    "deepspeed_required": "accel_train.strategies.deepspeed.utils",
+    "disable_fsdp_ram_efficient_loading": "accel_train.strategies.fsdp.utils",
+    "enable_fsdp_ram_efficient_loading": "accel_train.strategies.fsdp.utils",
+    "ensure_weights_retied": "accel_train.strategies.fsdp.utils",
+    "extract_model_from_parallel": "accel_train.other",
+    "fsdp2_apply_ac": "accel_train.strategies.fsdp.utils",
+    "fsdp2_canonicalize_names": "accel_train.strategies.fsdp.utils",
+    "fsdp2_load_full_state_dict": "accel_train.strategies.fsdp.utils",
+    "fsdp2_prepare_model": "accel_train.strategies.fsdp.utils",
+    "fsdp2_switch_optimizer_parameters": "accel_train.strategies.fsdp.utils",
+    "gather_across_data_parallel_groups": "accel_train.strategies.megatron",
+    "get_active_deepspeed_plugin": "accel_train.strategies.deepspeed.utils",
+    "get_fsdp2_grad_scaler": "accel_train.strategies.fsdp.utils",
+    "get_grad_scaler": "accel_train.other",
+    "get_mixed_precision_context_manager": "accel_train.other",
+    "get_module_class_from_name": "accel_train.other",
+    "get_pretty_name": "accel_train.other",
+    "has_compiled_regions": "accel_train.other",
+    "install_xla": "accel_train.other",
+    "is_compiled_module": "accel_train.other",
+    "is_peft_model": "accel_train.other",
+    "load": "accel_train.checkpoint_io",
+    "load_fsdp_model": "accel_train.strategies.fsdp.utils",
+    "load_fsdp_optimizer": "accel_train.strategies.fsdp.utils",
+    "map_pytorch_optim_to_deepspeed": "accel_train.strategies.deepspeed.utils",
+    "merge_dicts": "accel_train.other",
+    "merge_fsdp_weights": "accel_train.strategies.fsdp.merge",
+    "model_has_dtensor": "accel_train.other",
+    "recursive_getattr": "accel_train.other",
+    "save": "accel_train.checkpoint_io",
+    "save_fsdp_model": "accel_train.strategies.fsdp.utils",
+    "save_fsdp_optimizer": "accel_train.strategies.fsdp.utils",
+}
 
 MODULES: dict[str, str] = {
-    "accel.accelerator": f"{_T}.accelerator",
-    "accel.optimizer": f"{_T}.optimizer",
-    "accel.scheduler": f"{_T}.scheduler",
-    "accel.local_sgd": f"{_T}.local_sgd",
-    "accel.checkpointing": f"{_T}.checkpointing",
-    "accel.parallelism_config": f"{_T}.parallelism_config",
-    "accel.test_utils": f"{_T}.test_utils",
-    "accel.commands.test": f"{_T}.commands.test",
-    "accel.commands.merge": f"{_T}.commands.merge",
+    "accel.accelerator": "accel_train.accelerator",
+    "accel.checkpointing": "accel_train.checkpointing",
+    "accel.commands.merge": "accel_train.commands.merge",
+    "accel.commands.test": "accel_train.commands.test",
+    "accel.local_sgd": "accel_train.local_sgd",
+    "accel.optimizer": "accel_train.optimizer",
+    "accel.parallelism_config": "accel_train.strategies.nd.config",
+    "accel.scheduler": "accel_train.scheduler",
+    "accel.test_utils": "accel_train.test_utils",
+    "accel.utils.deepspeed": "accel_train.strategies.deepspeed.utils",
+    "accel.utils.fsdp_utils": "accel_train.strategies.fsdp.utils",
+    "accel.utils.megatron_lm": "accel_train.strategies.megatron",
+    "accel.utils.other": "accel_train.other",
+    "accel.utils.torch_xla": "accel_train.other",
 }
-
-# FSDP utilities (issue 11): documented names on accel.utils, and the accel.utils.fsdp_utils module path.
-_FSDP_UTILS = [
-    "save_fsdp_model",
-    "load_fsdp_model",
-    "save_fsdp_optimizer",
-    "load_fsdp_optimizer",
-    "enable_fsdp_ram_efficient_loading",
-    "disable_fsdp_ram_efficient_loading",
-    "get_fsdp2_grad_scaler",
-    "fsdp2_prepare_model",
-    "fsdp2_load_full_state_dict",
-    "fsdp2_apply_ac",
-    "fsdp2_canonicalize_names",
-    "fsdp2_switch_optimizer_parameters",
-    "ensure_weights_retied",
-]
-UTILS.update({name: f"{_T}.fsdp_utils" for name in _FSDP_UTILS})
-MODULES["accel.utils.fsdp_utils"] = f"{_T}.fsdp_utils"
-# DeepSpeed (accel-train's deepspeed strategy): the documented helpers under accel.utils and the
-# accel.utils.deepspeed module path.
-_DEEPSPEED = [
-    "DeepSpeedEngineWrapper",
-    "DeepSpeedOptimizerWrapper",
-    "DeepSpeedSchedulerWrapper",
-    "DummyOptim",
-    "DummyScheduler",
-    "HfDeepSpeedConfig",
-    "deepspeed_required",
-    "get_active_deepspeed_plugin",
-    "map_pytorch_optim_to_deepspeed",
-]
-UTILS.update({name: f"{_T}.deepspeed_utils" for name in _DEEPSPEED})
-MODULES["accel.utils.deepspeed"] = f"{_T}.deepspeed_utils"
-# Megatron-LM (accel-train's megatron strategy): the documented helpers under accel.utils and the
-# accel.utils.megatron_lm module path.
-_MEGATRON = [
-    "MegatronLMDummyScheduler",
-    "MegatronLMDummyDataLoader",
-    "AbstractTrainStep",
-    "GPTTrainStep",
-    "BertTrainStep",
-    "T5TrainStep",
-    "avg_losses_across_data_parallel_group",
-    "gather_across_data_parallel_groups",
-]
-UTILS.update({name: f"{_T}.strategies.megatron" for name in _MEGATRON})
-MODULES["accel.utils.megatron_lm"] = f"{_T}.strategies.megatron"

@@ -17,7 +17,7 @@ from typing import Any
 
 from accel_launch.options import LEGACY_KEYS, SECTIONS, TOP, section_options
 from accel_launch.values import ConfigError, check_choice, coerce, unknown_key_error
-from accel_state.enums import ComputeEnvironment, DistributedType, SageMakerDistributedType
+from accel_state.enums import MIXED_PRECISION_CHOICES, ComputeEnvironment, DistributedType, SageMakerDistributedType
 
 CONFIG_FILE_NAME = "default_config.yaml"
 
@@ -153,7 +153,7 @@ class BaseConfig:
             self.mixed_precision = "no"
         self.mixed_precision = check_choice(
             coerce("str", self.mixed_precision, "mixed_precision", where),
-            ("no", "fp16", "bf16", "fp8"),
+            MIXED_PRECISION_CHOICES,
             "mixed_precision",
             where,
         ).lower()

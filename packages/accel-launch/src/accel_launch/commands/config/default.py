@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from accel_state.enums import MIXED_PRECISION_CHOICES
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported at run time: `accel --help` stays fast
     from pathlib import Path
@@ -20,8 +22,9 @@ DESCRIPTION = "Write a basic config file for this machine, with only a few setti
 def basic_config_dict(mixed_precision: str, device: str, num_devices: int) -> dict[str, Any]:
     """The content of a basic config for a machine with ``num_devices`` of ``device`` (pure)."""
     mixed_precision = str(mixed_precision).lower()
-    if mixed_precision not in ("no", "fp16", "bf16", "fp8"):
-        raise ValueError(f"`mixed_precision` should be one of 'no', 'fp16', 'bf16', or 'fp8'; got {mixed_precision!r}")
+    if mixed_precision not in MIXED_PRECISION_CHOICES:
+        *first, last = (repr(choice) for choice in MIXED_PRECISION_CHOICES)
+        raise ValueError(f"`mixed_precision` should be one of {', '.join(first)}, or {last}; got {mixed_precision!r}")
     config: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "mixed_precision": mixed_precision,
@@ -87,7 +90,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--mixed_precision",
         "--mixed-precision",
-        choices=["no", "fp16", "bf16", "fp8"],
+        choices=list(MIXED_PRECISION_CHOICES),
         default="no",
         help="Mixed precision mode.",
     )

@@ -12,6 +12,7 @@ from typing import Any
 from accel_launch.commands.config.config_args import ClusterConfig, SageMakerConfig, config_from_dict
 from accel_launch.commands.config.prompts import ask_bool, ask_choice, ask_float, ask_int, ask_text
 from accel_state.enums import (
+    MIXED_PRECISION_CHOICES,
     DynamoBackend,
     FP8BackendType,
     FSDPAutoWrapPolicy,
@@ -200,7 +201,7 @@ def _megatron_questions() -> dict[str, Any]:
 
 
 def _mixed_precision(config: dict[str, Any]) -> None:
-    precision = ask_choice("Do you wish to use mixed precision?", ["no", "fp16", "bf16", "fp8"])
+    precision = ask_choice("Do you wish to use mixed precision?", list(MIXED_PRECISION_CHOICES))
     config["mixed_precision"] = precision
     if precision == "fp8" and config.get("distributed_type") != "DEEPSPEED":
         backend = ask_choice("Which FP8 backend do you want to use?", _FP8_BACKENDS)
@@ -365,5 +366,5 @@ def get_sagemaker_input() -> SageMakerConfig:
     config["num_machines"] = (
         ask_int("How many machines do you want use?", 1, minimum=1) if config["distributed_type"] != "NO" else 1
     )
-    config["mixed_precision"] = ask_choice("Do you wish to use mixed precision?", ["no", "fp16", "bf16", "fp8"])
+    config["mixed_precision"] = ask_choice("Do you wish to use mixed precision?", list(MIXED_PRECISION_CHOICES))
     return config_from_dict(config)  # type: ignore[return-value]

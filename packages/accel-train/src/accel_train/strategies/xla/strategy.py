@@ -94,11 +94,21 @@ class XLAStrategy(Strategy):
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool) -> Any:
         return XLAOptimizer(optimizer, device_placement=device_placement, precision=self.precision)
 
-    def wrap_data_loader(self, data_loader: Any) -> Any:
-        """The loader wrapped in ``MpDeviceLoader``: batches sent to the core ahead, a graph cut per batch."""
+    def setup_data_loader(self, data_loader: Any, **options: Any) -> Any:
+        """The sharded loader wrapped in ``MpDeviceLoader``: batches sent to the core ahead, a graph cut
+        per batch.
+
+        Args:
+            data_loader: the user's ``torch.utils.data.DataLoader``.
+            **options: the Accelerator's data-loader settings (see :meth:`Strategy.setup_data_loader`).
+
+        Returns:
+            The device loader over the sharded loader.
+        """
+        sharded = super().setup_data_loader(data_loader, **options)
         xla_model()
         loader_module = importlib.import_module("torch_xla.distributed.parallel_loader")
-        return loader_module.MpDeviceLoader(data_loader, self.device)
+        return loader_module.MpDeviceLoader(sharded, self.device)
 
     def mark_step(self) -> None:
         """Cut and run the pending graph (``xm.mark_step``)."""

@@ -1,8 +1,13 @@
-"""The Accelerator's experiment trackers, through accel-tracking."""
+"""The Accelerator's experiment trackers, through accel-tracking.
+
+A public component of the :class:`~accel_train.accelerator.Accelerator` facade.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+__all__ = ["Trackers"]
 
 
 def _tracking() -> Any:
@@ -11,7 +16,7 @@ def _tracking() -> Any:
     return tracking
 
 
-class TrackersMixin:
+class Trackers:
     """``init_trackers``, ``log``, ``get_tracker`` and ``end_training``."""
 
     state: Any

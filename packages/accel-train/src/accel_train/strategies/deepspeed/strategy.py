@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -23,8 +22,12 @@ from typing import Any, ClassVar
 
 import torch
 
-from accel_train import deepspeed_config as dsc
-from accel_train.deepspeed_utils import (
+from accel_state.enums import PrecisionType
+from accel_train import checkpointing as ckpt
+from accel_train.precisions.base import Precision
+from accel_train.strategies.base import CheckpointEntry, Prepared, Strategy
+from accel_train.strategies.deepspeed import config as dsc
+from accel_train.strategies.deepspeed.utils import (
     DeepSpeedEngineWrapper,
     DeepSpeedOptimizerWrapper,
     DeepSpeedSchedulerWrapper,
@@ -33,16 +36,14 @@ from accel_train.deepspeed_utils import (
     import_deepspeed,
     map_pytorch_optim_to_deepspeed,
 )
-from accel_train.precisions.base import Precision
-from accel_train.strategies.base import CheckpointEntry, Prepared, Strategy
 
 __all__ = ["DeepSpeedStrategy", "EnginePrecision"]
 
 logger = logging.getLogger(__name__)
 
-_MODEL_TAG = "pytorch_model"
-_OPTIMIZER_MARKER = "deepspeed_optimizer"
-_FROZEN_WEIGHTS = "model.safetensors"
+_MODEL_TAG = ckpt.FILE_NAMES["engine"]
+_OPTIMIZER_MARKER = ckpt.FILE_NAMES["engine_optimizer"]
+_FROZEN_WEIGHTS = ckpt.model_file(0, True)
 
 
 class EnginePrecision(Precision):
@@ -79,6 +80,8 @@ class DeepSpeedStrategy(Strategy):
     name = "deepspeed"
     is_sharded = True
     backend_steps_optimizer = True
+    #: DeepSpeed's engine runs fp16 / bf16 itself; FP8 layers are not wired to it in accel.
+    precisions = frozenset({PrecisionType.NO, PrecisionType.FP16, PrecisionType.BF16})
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -88,6 +91,8 @@ class DeepSpeedStrategy(Strategy):
         self._engine_schedulers: set[int] = set()
         self._pristine: dict[int, dict[str, Any]] = {}
         self._clip_warned = False
+        if self.state is not None and getattr(self.state, "deepspeed_plugins", None):
+            self._configure()
 
     # -- before the strategy exists ------------------------------------------------------------------
 
@@ -103,13 +108,19 @@ class DeepSpeedStrategy(Strategy):
     def validate(cls, state: Any, precision_cls: type[Precision], mode: str) -> None:
         """DeepSpeed is installed; every plugin's fp16 / bf16 sections agree with ``mixed_precision``.
 
-        As documented, a config that enables fp16 or bf16 itself decides the run's mixed precision.
+        Checks only (on copies of the configs): the plugins and the state are brought in line when the
+        strategy is built (:meth:`_configure`).
         """
         import_deepspeed()
-        if mode == "fp8":
-            raise ValueError("mixed_precision='fp8' is not available with DeepSpeed in accel; use 'bf16' or 'fp16'")
         for plugin in (state.deepspeed_plugins or {}).values():
-            plugin.set_mixed_precision(mode)
+            dsc.resolve_mixed_precision(copy.deepcopy(plugin.deepspeed_config), str(mode))
+
+    def _configure(self) -> None:
+        """Make every plugin's fp16 / bf16 sections follow ``mixed_precision``; as documented, a config that
+        enables fp16 or bf16 itself decides the run's mixed precision; register ZeRO-3 init with transformers."""
+        state = self.state
+        for plugin in (state.deepspeed_plugins or {}).values():
+            plugin.set_mixed_precision(self.precision.mode)
         effective = dsc.effective_mixed_precision(state.deepspeed_plugin.deepspeed_config)
         if effective != state.mixed_precision and "_mixed_precision" in state.__dict__:
             state._mixed_precision = effective
@@ -394,7 +405,7 @@ class DeepSpeedStrategy(Strategy):
                 os.makedirs(os.path.join(folder, tag), exist_ok=True)
                 self.checkpoint_io.save_weights(weights, os.path.join(folder, tag, _FROZEN_WEIGHTS), True)
             return tag
-        engine.save_checkpoint(folder, tag=tag, client_state={}, save_latest=False)
+        self.checkpoint_io.save_engine(engine, folder, tag)
         return tag
 
     def load_model_checkpoint(
@@ -407,15 +418,7 @@ class DeepSpeedStrategy(Strategy):
         if _is_frozen_zero3(engine) and os.path.isfile(frozen):
             load_zero3_state_dict(engine.module, self.checkpoint_io.load_weights(frozen, "cpu"), strict)
             return
-        path, _ = engine.load_checkpoint(
-            folder,
-            tag=entry,
-            load_module_strict=strict,
-            load_optimizer_states=engine.optimizer is not None,
-            load_lr_scheduler_states=engine.lr_scheduler is not None,
-        )
-        if path is None:
-            raise FileNotFoundError(f"DeepSpeed found no checkpoint {entry!r} in {folder}")
+        self.checkpoint_io.load_engine(engine, folder, entry, strict=strict)
 
     def save_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, is_writer: bool) -> str | None:
         """The engine saved the optimizer partitions with its model; a small JSON file says where."""
@@ -424,15 +427,12 @@ class DeepSpeedStrategy(Strategy):
         engine = self._engine_optimizers.get(id(inner))
         position = next((i for i, e in enumerate(self.engines) if e is engine), None)
         if is_writer:
-            with open(os.path.join(folder, name), "w", encoding="utf-8") as handle:
-                json.dump(
-                    {
-                        "saved_in": _engine_tag(position) if position is not None else None,
-                        "zero_stage": engine.zero_optimization_stage() if engine is not None else None,
-                        "optimizer": type(inner).__name__,
-                    },
-                    handle,
-                )
+            marker = {
+                "saved_in": _engine_tag(position) if position is not None else None,
+                "zero_stage": engine.zero_optimization_stage() if engine is not None else None,
+                "optimizer": type(inner).__name__,
+            }
+            self.checkpoint_io.save_json(marker, os.path.join(folder, name))
         return name
 
     def load_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, map_location: Any) -> None:

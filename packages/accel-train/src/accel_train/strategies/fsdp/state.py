@@ -169,12 +169,20 @@ def model_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in state.items() if isinstance(t, torch.Tensor)}
 
 
-def saved_shapes(checkpoint_dir: str, key: str = MODEL_KEY) -> dict[str, tuple[int, ...]]:
+def _io(io: Any) -> Any:
+    """The checkpoint I/O that reads and writes the DCP folders (the strategy's, or a default one)."""
+    if io is not None:
+        return io
+    from accel_train.checkpoint_io import CheckpointIO
+
+    return CheckpointIO()
+
+
+def saved_shapes(checkpoint_dir: str, key: str = MODEL_KEY, io: Any = None) -> dict[str, tuple[int, ...]]:
     """``{name: shape}`` of the tensors of a DCP folder (under ``key``, the prefix removed)."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    metadata = dcp.FileSystemReader(checkpoint_dir).read_metadata()
+    metadata = _io(io).sharded_metadata(checkpoint_dir)
     prefix = f"{key}."
     shapes = {}
     for name, item in metadata.state_dict_metadata.items():
@@ -197,24 +205,27 @@ def check_shapes(expected: Mapping[str, tuple[int, ...]], found: Mapping[str, tu
 # -- sharded (DCP) checkpoints ---------------------------------------------------------------------------
 
 
-def save_sharded_model(model: torch.nn.Module, checkpoint_dir: str, local: bool = False) -> None:
-    """Write each rank's shards of the model into the DCP folder ``checkpoint_dir`` (collective)."""
-    import torch.distributed.checkpoint as dcp
+def save_sharded_model(model: torch.nn.Module, checkpoint_dir: str, local: bool = False, io: Any = None) -> None:
+    """Write each rank's shards of the model into the DCP folder ``checkpoint_dir`` (collective).
+
+    ``io`` is the :class:`~accel_train.checkpoint_io.CheckpointIO` that writes the folder.
+    """
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     os.makedirs(checkpoint_dir, exist_ok=True)
     if local and _is_fsdp1(model):
         _save_local(model, checkpoint_dir)
         return
-    dcp.save({MODEL_KEY: get_model_state_dict(model)}, checkpoint_id=checkpoint_dir)
+    _io(io).save_sharded({MODEL_KEY: get_model_state_dict(model)}, checkpoint_dir)
 
 
-def load_sharded_model(model: torch.nn.Module, checkpoint_dir: str, strict: bool = True, local: bool = False) -> None:
+def load_sharded_model(
+    model: torch.nn.Module, checkpoint_dir: str, strict: bool = True, local: bool = False, io: Any = None
+) -> None:
     """Read the DCP folder ``checkpoint_dir`` into the (sharded) model, on any number of processes.
 
     Tensors whose saved shape differs from the model's are named before anything is read.
     """
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     if local and _is_fsdp1(model):
@@ -222,7 +233,7 @@ def load_sharded_model(model: torch.nn.Module, checkpoint_dir: str, strict: bool
         return
     if not os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
         raise FileNotFoundError(f"{checkpoint_dir} is not a torch.distributed.checkpoint folder (no .metadata)")
-    saved = saved_shapes(checkpoint_dir)
+    saved = saved_shapes(checkpoint_dir, io=io)
     check_shapes(model_shapes(model), saved, f"sharded checkpoint {checkpoint_dir}")
     state = get_model_state_dict(model)
     if strict:
@@ -235,22 +246,23 @@ def load_sharded_model(model: torch.nn.Module, checkpoint_dir: str, strict: bool
             )
     else:
         state = {k: v for k, v in state.items() if k in saved}
-    dcp.load({MODEL_KEY: state}, checkpoint_id=checkpoint_dir)
+    _io(io).load_sharded({MODEL_KEY: state}, checkpoint_dir)
     set_model_state_dict(model, state, options=_options(strict=False))
 
 
-def save_sharded_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, checkpoint_dir: str) -> None:
+def save_sharded_optimizer(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, checkpoint_dir: str, io: Any = None
+) -> None:
     """Write each rank's shards of the optimizer state into the DCP folder ``checkpoint_dir`` (collective)."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    os.makedirs(checkpoint_dir, exist_ok=True)
-    dcp.save({OPTIMIZER_KEY: get_optimizer_state_dict(model, optimizer)}, checkpoint_id=checkpoint_dir)
+    _io(io).save_sharded({OPTIMIZER_KEY: get_optimizer_state_dict(model, optimizer)}, checkpoint_dir)
 
 
-def load_sharded_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, checkpoint_dir: str) -> None:
+def load_sharded_optimizer(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, checkpoint_dir: str, io: Any = None
+) -> None:
     """Read the DCP folder ``checkpoint_dir`` into the optimizer of the (sharded) model."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     if not os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
@@ -259,7 +271,7 @@ def load_sharded_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimi
 
     with _no_grads(optimizer):
         state = {OPTIMIZER_KEY: get_optimizer_state_dict(model, optimizer)}
-    dcp.load(state, checkpoint_id=checkpoint_dir, planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
+    _io(io).load_sharded(state, checkpoint_dir, planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
     set_optimizer_state_dict(model, optimizer, state[OPTIMIZER_KEY])
 
 

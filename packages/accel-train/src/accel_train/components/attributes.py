@@ -1,4 +1,8 @@
-"""The Accelerator's read-only view of the run: devices, processes, precision, data-loader settings."""
+"""The Accelerator's read-only view of the run: devices, processes, precision, data-loader settings.
+
+A public component of the :class:`~accel_train.accelerator.Accelerator` facade: the documented attributes
+are defined (and documented) here.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,10 @@ import torch
 from accel_state.enums import DistributedType
 from accel_train.strategies import DDP_TYPES
 
+__all__ = ["AcceleratorAttributes"]
 
-class AttributesMixin:
+
+class AcceleratorAttributes:
     """Documented attributes, read from the shared state and the Accelerator's configuration."""
 
     state: Any

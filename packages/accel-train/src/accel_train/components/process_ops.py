@@ -1,4 +1,8 @@
-"""The Accelerator's process-control and collective methods (a mixin over ``self.state``)."""
+"""The Accelerator's process-control and collective methods, over ``self.state``.
+
+A public component of the :class:`~accel_train.accelerator.Accelerator` facade: the documented methods
+are defined (and documented) here.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +15,10 @@ import torch
 from accel_state import operations
 from accel_state.nested import recursively_apply
 
+__all__ = ["ProcessOperations"]
 
-class ProcessOpsMixin:
+
+class ProcessOperations:
     """Collectives, process control and printing; every collective is a no-op in one process."""
 
     state: Any

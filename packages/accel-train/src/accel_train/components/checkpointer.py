@@ -1,4 +1,9 @@
-"""The Accelerator's saving and loading: ``save_state`` / ``load_state``, ``save``, ``save_model``."""
+"""The Accelerator's saving and loading: ``save_state`` / ``load_state``, ``save``, ``save_model``.
+
+A public component of the :class:`~accel_train.accelerator.Accelerator` facade: it registers the objects
+a checkpoint holds and hands them to the one checkpoint walk (``checkpointing.write_objects`` /
+``read_objects``).
+"""
 
 from __future__ import annotations
 
@@ -13,30 +18,34 @@ from accel_train._lazy_modules import checkpoint_io as io
 from accel_train._lazy_modules import checkpointing as ckpt
 from accel_train._lazy_modules import preemption
 
+__all__ = ["Checkpointer", "RemovableHandle"]
+
 logger = logging.getLogger(__name__)
 
 
-class _RemovableHandle:
-    """Removes a hook from the dict it was registered in (like ``torch.utils.hooks.RemovableHandle``)."""
+class RemovableHandle:
+    """What ``register_save_state_pre_hook`` / ``register_load_state_pre_hook`` return: ``remove()`` (or
+    leaving a ``with`` block) unregisters the hook (like ``torch.utils.hooks.RemovableHandle``)."""
 
     _next_id = 0
 
     def __init__(self, hooks: dict[int, Any]) -> None:
         self.hooks = hooks
-        self.id = _RemovableHandle._next_id
-        _RemovableHandle._next_id += 1
+        self.id = RemovableHandle._next_id
+        RemovableHandle._next_id += 1
 
     def remove(self) -> None:
+        """Unregister the hook (nothing happens the second time)."""
         self.hooks.pop(self.id, None)
 
-    def __enter__(self) -> _RemovableHandle:
+    def __enter__(self) -> RemovableHandle:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.remove()
 
 
-class StateIOMixin:
+class Checkpointer:
     """Checkpoints of the whole training state, and saving of single objects and models."""
 
     state: Any
@@ -76,15 +85,15 @@ class StateIOMixin:
             )
         self._custom_objects.extend(objects)
 
-    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> _RemovableHandle:
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, weights, output_dir)`` in ``save_state`` before the files are written."""
-        handle = _RemovableHandle(self._save_model_state_pre_hook)
+        handle = RemovableHandle(self._save_model_state_pre_hook)
         self._save_model_state_pre_hook[handle.id] = hook
         return handle
 
-    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> _RemovableHandle:
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, input_dir)`` in ``load_state`` before the files are read."""
-        handle = _RemovableHandle(self._load_model_state_pre_hook)
+        handle = RemovableHandle(self._load_model_state_pre_hook)
         self._load_model_state_pre_hook[handle.id] = hook
         return handle
 
@@ -151,25 +160,34 @@ class StateIOMixin:
             "safe_serialization": bool(safe_serialization),
             "strategy": strategy.name,
         }
-        written: dict[str, Any] = {"models": [], "optimizers": []}
-        for index, (model, state_dict) in enumerate(to_save):
-            written["models"].append(
-                strategy.save_model_checkpoint(model, state_dict, tmp, index, safe_serialization, writer)
-            )
-        for index, optimizer in enumerate(self._optimizers):
-            written["optimizers"].append(strategy.save_optimizer_checkpoint(optimizer, tmp, index, writer))
+        active = self.gradient_state.active_dataloader if self._rewind_active_loader else None  # type: ignore[attr-defined]
+
+        def loader_state(loader: Any) -> dict[str, Any]:
+            state = loader.state_dict()
+            # Saved when a step starts (preemption): that step's batch is read again on resume.
+            return preemption.rewind_loader_state(state) if active is not None and loader is active else state
+
+        written = ckpt.write_objects(
+            tmp,
+            self._training_objects(),
+            strategy,
+            weights=to_save,
+            is_writer=writer,
+            process_index=self.state.process_index,
+            safe_serialization=safe_serialization,
+            loader_state=loader_state,
+        )
         if writer:
             manifest.update(written)
-            manifest.update(self._write_shared_files(tmp))
-        io.save_rng(os.path.join(tmp, ckpt.rng_file(self.state.process_index)))
+        io_ = strategy.checkpoint_io
         if not self.gradient_state.sync_gradients:  # type: ignore[attr-defined]
             # Mid-accumulation: the gradients gathered so far are part of the state (per process under DDP).
             grads = io.accumulated_gradients([self.unwrap_model(m, keep_torch_compile=False) for m in models])  # type: ignore[attr-defined]
             if grads:
-                io.save_weights(grads, os.path.join(tmp, ckpt.grads_file(self.state.process_index)))
+                io_.save_weights(grads, os.path.join(tmp, ckpt.grads_file(self.state.process_index)))
         self.state.wait_for_everyone()
         if writer:
-            io.write_manifest(tmp, manifest)
+            io_.write_manifest(tmp, manifest)
             ckpt.publish(tmp, output_dir)
         self.state.wait_for_everyone()
         if config.automatic_checkpoint_naming:
@@ -181,33 +199,16 @@ class StateIOMixin:
         logger.info("saved state to %s", output_dir)
         return output_dir
 
-    def _write_shared_files(self, folder: str) -> dict[str, Any]:
-        """Schedulers, loader positions, the precision's state and registered objects (writer only)."""
-        io_ = self._strategy.checkpoint_io
-        written: dict[str, Any] = {"schedulers": [], "dataloaders": [], "custom": []}
-        for index, scheduler in enumerate(self._schedulers):
-            name = ckpt.scheduler_file(index)
-            io_.save_object(scheduler.state_dict(), os.path.join(folder, name))
-            written["schedulers"].append(name)
-        active = self.gradient_state.active_dataloader if self._rewind_active_loader else None  # type: ignore[attr-defined]
-        for index, loader in enumerate(self._dataloaders):
-            if hasattr(loader, "state_dict"):
-                name = ckpt.dataloader_file(index)
-                loader_state = loader.state_dict()
-                if active is not None and loader is active:
-                    # Saved when a step starts (preemption): that step's batch is read again on resume.
-                    loader_state = preemption.rewind_loader_state(loader_state)
-                io_.save_object(loader_state, os.path.join(folder, name))
-                written["dataloaders"].append(name)
-        precision_state = self.precision.state_dict()
-        if precision_state is not None:
-            io_.save_object(precision_state, os.path.join(folder, ckpt.SCALER_NAME))
-            written["scaler"] = ckpt.SCALER_NAME
-        for index, obj in enumerate(self._custom_objects):
-            name = ckpt.custom_file(index)
-            io_.save_object(obj.state_dict(), os.path.join(folder, name))
-            written["custom"].append(name)
-        return written
+    def _training_objects(self) -> Any:
+        """The registered objects, in the order a checkpoint holds them."""
+        return ckpt.TrainingObjects(
+            models=list(self._models),
+            optimizers=list(self._optimizers),
+            schedulers=list(self._schedulers),
+            dataloaders=list(self._dataloaders),
+            custom=list(self._custom_objects),
+            scaler=self.precision,
+        )
 
     # -- load_state -------------------------------------------------------------------------------
 
@@ -246,8 +247,11 @@ class StateIOMixin:
         for hook in list(self._load_model_state_pre_hook.values()):
             hook(models, folder)
 
-        manifest = io.read_manifest(folder)
-        dataloaders = [loader for loader in self._dataloaders if hasattr(loader, "load_state_dict")]
+        strategy = self._strategy
+        io_ = strategy.checkpoint_io
+        manifest = io_.read_manifest(folder)
+        objects = self._training_objects()
+        dataloaders = [loader for loader in objects.dataloaders if hasattr(loader, "load_state_dict")]
         model_files = ckpt.check_contents(
             folder,
             num_models=len(models),
@@ -259,47 +263,23 @@ class StateIOMixin:
             process_index=self.state.process_index,
             num_processes=self.state.num_processes,
             manifest=manifest,
-            layout=self._strategy.checkpoint_entries(),
+            layout=strategy.checkpoint_entries(),
         )
         map_location = load_model_func_kwargs.pop("map_location", None)
         device = ckpt.torch_device(map_location, self.state.device)
-        strict = load_model_func_kwargs.pop("strict", True)
-        strategy = self._strategy
-        for model, entry in zip(models, model_files):
-            strategy.load_model_checkpoint(model, folder, entry, device, strict=strict)
-        optimizer_kwargs = dict(load_kwargs or {})
-        for index, optimizer in enumerate(self._optimizers):
-            strategy.load_optimizer_checkpoint(
-                optimizer, folder, index, map_location=optimizer_kwargs.get("map_location", device)
-            )
-        for index, scheduler in enumerate(self._schedulers):
-            scheduler.load_state_dict(io.load_torch(os.path.join(folder, ckpt.scheduler_file(index))))
-        for index, loader in enumerate(dataloaders):
-            path = os.path.join(folder, ckpt.dataloader_file(index))
-            if os.path.isfile(path):
-                loader.load_state_dict(io.load_torch(path))
-        if self.precision.state_dict() is not None:
-            self.precision.load_state_dict(io.load_torch(os.path.join(folder, ckpt.SCALER_NAME)))
-        for index, obj in enumerate(self._custom_objects):
-            obj.load_state_dict(io.load_torch(os.path.join(folder, ckpt.custom_file(index))))
-        rng_path = os.path.join(folder, ckpt.rng_file(self.state.process_index))
-        if os.path.isfile(rng_path):
-            io.load_rng(rng_path)
-        elif os.path.isfile(os.path.join(folder, f"random_states_{self.state.process_index}.pkl")):
-            logger.warning(
-                "%s holds random states as a pickle (written by another tool); accel does not unpickle "
-                "checkpoints, so the random generators were not restored",
-                folder,
-            )
-        else:
-            logger.warning(
-                "no random states for process %d in %s (saved with another number of processes)",
-                self.state.process_index,
-                folder,
-            )
+        ckpt.read_objects(
+            folder,
+            objects,
+            strategy,
+            model_entries=model_files,
+            device=device,
+            optimizer_location=dict(load_kwargs or {}).get("map_location", device),
+            process_index=self.state.process_index,
+            strict=load_model_func_kwargs.pop("strict", True),
+        )
         grads_path = os.path.join(folder, ckpt.grads_file(self.state.process_index))
         targets = [self.unwrap_model(m, keep_torch_compile=False) for m in models]  # type: ignore[attr-defined]
-        io.restore_gradients(targets, io.load_weights(grads_path, device) if os.path.isfile(grads_path) else None)
+        io.restore_gradients(targets, io_.load_weights(grads_path, device) if os.path.isfile(grads_path) else None)
         if manifest is not None and isinstance(manifest.get("step"), int):
             self.step = manifest["step"]
         logger.info("loaded state from %s", folder)

@@ -5,26 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from typing import Any
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["merge_fsdp_weights"]
-
-
-def _load_distributed_checkpoint(checkpoint_dir: str) -> dict[str, Any]:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    state_dict: dict[str, Any] = {}
-    _load_state_dict(
-        state_dict,
-        storage_reader=dcp.FileSystemReader(checkpoint_dir),
-        planner=_EmptyStateDictLoadPlanner(),
-        no_dist=True,
-    )
-    return state_dict
 
 
 def merge_fsdp_weights(
@@ -48,7 +32,9 @@ def merge_fsdp_weights(
     if not os.path.isdir(checkpoint_dir):
         raise FileNotFoundError(f"checkpoint folder {checkpoint_dir} does not exist")
     if not os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
-        model_dir = os.path.join(checkpoint_dir, "pytorch_model_fsdp_0")
+        from accel_train.checkpointing import sharded_model_dir
+
+        model_dir = os.path.join(checkpoint_dir, sharded_model_dir(0))
         if os.path.isfile(os.path.join(model_dir, ".metadata")):
             checkpoint_dir = model_dir
         else:
@@ -59,10 +45,15 @@ def merge_fsdp_weights(
     if os.path.isfile(output_path):
         raise ValueError(f"output_path {output_path} is a file; give a folder to write the merged weights into")
     writer = _is_main_process()
-    name = "model.safetensors" if safe_serialization else "pytorch_model.bin"
+    from accel_train.checkpointing import model_file
+
+    name = model_file(0, safe_serialization)
     target = os.path.join(output_path, name)
     if writer:
-        state_dict = _load_distributed_checkpoint(checkpoint_dir)
+        from accel_train.checkpoint_io import CheckpointIO
+
+        io = CheckpointIO()
+        state_dict = io.load_sharded_whole(checkpoint_dir)
         if set(state_dict) == {"model"} and isinstance(state_dict["model"], dict):
             state_dict = state_dict["model"]
         os.makedirs(output_path, exist_ok=True)
@@ -73,8 +64,6 @@ def merge_fsdp_weights(
             index = target + ".index.json"
             target = index if os.path.isfile(index) else target
         else:
-            from accel_train import checkpoint_io as io
-
             tmp = target + ".partial"
             io.save_weights(state_dict, tmp, safe_serialization=safe_serialization)
             os.replace(tmp, target)

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from accel_state.enums import ZERO_STAGES, MSAMPOptLevel, OffloadDevice
-from accel_train import deepspeed_config as dsc
 from accel_train.plugin_env import env_value, fill_from_env
+from accel_train.strategies.deepspeed import config as dsc
 
 __all__ = ["DeepSpeedPlugin"]
 
@@ -29,7 +29,7 @@ class DeepSpeedPlugin:
 
     Fields left ``None`` take the values the launcher wrote (``ACCELERATE_DEEPSPEED_*``). Without a
     config file the fields *are* the configuration (documented defaults: ZeRO-2, no offload). With
-    ``hf_ds_config`` (a JSON path, a dict or an :class:`~accel_train.deepspeed_utils.HfDeepSpeedConfig`)
+    ``hf_ds_config`` (a JSON path, a dict or an :class:`~accel_train.strategies.deepspeed.utils.HfDeepSpeedConfig`)
     the file is the configuration and the fields only fill its ``"auto"`` values; the rest of the
     ``"auto"`` values are filled by ``prepare``. The finished dict is :attr:`deepspeed_config`.
     """
@@ -50,7 +50,7 @@ class DeepSpeedPlugin:
     msamp_opt_level: str | None = None
 
     def __post_init__(self) -> None:
-        from accel_train.deepspeed_utils import HfDeepSpeedConfig
+        from accel_train.strategies.deepspeed.utils import HfDeepSpeedConfig
 
         fill_from_env(
             self,
@@ -130,6 +130,7 @@ class DeepSpeedPlugin:
                     'to "auto" in the JSON file to take the flag, or drop the flag / plugin argument.'
                 )
             dsc.fill_auto(config, self._field_values())
+            self.hf_ds_config.set_stage_and_offload()  # the stage is known now that "auto" is filled
         else:
             self.hf_ds_config = HfDeepSpeedConfig(
                 dsc.config_from_fields(
@@ -226,7 +227,7 @@ class DeepSpeedPlugin:
         modules built inside are created partitioned over the processes."""
         if not enable or not self.hf_ds_config.is_zero3():
             return contextlib.nullcontext()
-        from accel_train.deepspeed_utils import import_deepspeed
+        from accel_train.strategies.deepspeed.utils import import_deepspeed
 
         deepspeed = import_deepspeed()
         return deepspeed.zero.Init(config_dict_or_path=_init_config(self.deepspeed_config))  # type: ignore[no-any-return]

@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 import torch
 
 from accel_state.imports import is_deepspeed_available
-from accel_train.deepspeed_config import get_value, load_config
 from accel_train.optimizer import AcceleratedOptimizer
 from accel_train.scheduler import AcceleratedScheduler
+from accel_train.strategies.deepspeed.config import get_value, load_config
 
 __all__ = [
     "DeepSpeedEngineWrapper",
@@ -82,8 +82,16 @@ class HfDeepSpeedConfig:
 
     def __init__(self, config_file_or_dict: Any) -> None:
         self.config: dict[str, Any] = load_config(config_file_or_dict)
+        self.set_stage_and_offload()
+
+    def set_stage_and_offload(self) -> None:
+        """Read the ZeRO stage and offload of :attr:`config` into :meth:`is_zero3` / :meth:`is_offload`.
+
+        Called when built and again once its ``"auto"`` values are filled (a stage given as ``"auto"``
+        is known only then); the answers are not read from the dict on every question.
+        """
         stage = self.get_value("zero_optimization.stage", -1)
-        self._stage = stage if isinstance(stage, int) else -1
+        self._stage = stage if isinstance(stage, int) and not isinstance(stage, bool) else -1
         self._offload = False
         if self.is_zero2() or self.is_zero3():
             devices = {"cpu", "nvme"}
@@ -296,3 +304,10 @@ def map_pytorch_optim_to_deepspeed(optimizer: torch.optim.Optimizer) -> Any:
             kwargs["betas"] = defaults["betas"]
         return DeepSpeedCPULion(optimizer.param_groups, **kwargs)
     return optimizer
+
+
+# The documented home of these names is ``accel_train.deepspeed_utils`` (an alias of this very module, see
+# ``accel_train.MOVED_MODULES``): that is where introspection and pickles find them.
+for _name in __all__:
+    globals()[_name].__module__ = "accel_train.deepspeed_utils"
+del _name

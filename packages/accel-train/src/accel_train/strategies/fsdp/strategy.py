@@ -1,9 +1,9 @@
 """Fully Sharded Data Parallel, version 1 (``FullyShardedDataParallel``) and 2 (``fully_shard``).
 
-The settings come from :class:`~accel_train.fsdp_plugin.FullyShardedDataParallelPlugin`. Preparing
-a model shards it (its units from :mod:`accel_train.fsdp_wrap`); an optimizer built before, over the
+The settings come from :class:`~accel_train.strategies.fsdp.plugin.FullyShardedDataParallelPlugin`. Preparing
+a model shards it (its units from :mod:`accel_train.strategies.fsdp.wrap`); an optimizer built before, over the
 model's original parameters, is rebound to the sharded ones (built after, it already holds them).
-State dicts go through :mod:`accel_train.fsdp_state`: full ones gathered on every rank, sharded ones
+State dicts go through :mod:`accel_train.strategies.fsdp.state`: full ones gathered on every rank, sharded ones
 as ``torch.distributed.checkpoint`` folders (``pytorch_model_fsdp_{i}/``, ``optimizer_{i}/``).
 
 Runs on CPU with gloo as on GPUs. torch's CPU limits are handled here: FSDP1 gets
@@ -17,7 +17,6 @@ nothing to shard across) and checkpoints keep the FSDP layout.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
@@ -25,25 +24,23 @@ from typing import Any
 
 import torch
 
-from accel_train import fsdp_state
-from accel_train.fsdp_wrap import (
+from accel_train import checkpointing as ckpt
+from accel_train.precisions.base import Precision
+from accel_train.strategies.base import CheckpointEntry, ParallelDims, Strategy
+from accel_train.strategies.fsdp import fsdp2
+from accel_train.strategies.fsdp import state as fsdp_state
+from accel_train.strategies.fsdp.wrap import (
     canonical_name,
     fsdp1_auto_wrap_policy,
     fsdp1_mixed_precision,
-    fsdp2_mixed_precision_policy,
     ignored_modules_of,
     resolve_wrap_classes,
-    wrap_units,
 )
-from accel_train.precisions.base import Precision
-from accel_train.strategies.base import CheckpointEntry, ParallelDims, Strategy
 from accel_train.wrappers import is_compiled
 
 __all__ = ["FSDPStrategy", "fsdp_grad_scaler"]
 
 logger = logging.getLogger(__name__)
-
-_SHARDED_MODEL = "pytorch_model_fsdp"
 
 
 def fsdp_grad_scaler(device_type: str, **kwargs: Any) -> Any:
@@ -104,7 +101,7 @@ class FSDPStrategy(Strategy):
         plugin = getattr(state, "fsdp_plugin", None)
         if plugin is None:
             raise ValueError("the FSDP strategy needs a FullyShardedDataParallelPlugin (fsdp_plugin)")
-        if mode == "fp8" and plugin.fsdp_version != 2:
+        if mode == "fp8" and plugin.fsdp_version != 2:  # the table says fsdp takes fp8; FSDP1 does not
             raise ValueError(
                 "mixed_precision='fp8' runs with FSDP2 (float8 layers sharded by fully_shard), not with FSDP1; "
                 "set fsdp_version=2, or use 'bf16' / 'fp16' with FSDP1"
@@ -180,15 +177,7 @@ class FSDPStrategy(Strategy):
                 self._rebound[key] = (ref, new)
 
     def _offload(self) -> bool:
-        offload = self.plugin.cpu_offload
-        wanted = bool(getattr(offload, "offload_params", offload))
-        if wanted and self.device.type == "cpu":
-            logger.warning(
-                "FSDP cpu_offload / offload_params has no effect here: the parameters already live on the CPU "
-                "(no accelerator); training runs without offloading"
-            )
-            return False
-        return wanted
+        return fsdp2.offload_wanted(self.plugin, self.device)
 
     def _ac_classes(self, model: torch.nn.Module) -> tuple[type, ...]:
         return tuple(resolve_wrap_classes(model, self.plugin.transformer_cls_names_to_wrap))
@@ -277,16 +266,14 @@ class FSDPStrategy(Strategy):
     def _shard_v2(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
         plugin = self.plugin
         device = self.device
         if self._mesh is None:
             self._mesh = init_device_mesh(device.type, (self.state.num_processes,), mesh_dim_names=("dp_shard",))
         if plugin.activation_checkpointing:
-            self._apply_ac(model, self._ac_classes(model))
-        units = [_checkpoint_parent(model, unit) for unit in wrap_units(model, plugin)]
-        ignored = {p for m in ignored_modules_of(model, plugin.ignored_modules) for p in m.parameters()}
+            fsdp2.apply_activation_checkpointing(model, plugin)
+        units = fsdp2.shard_units(model, plugin)
         ram_efficient = bool(plugin.cpu_ram_efficient_loading)
         rank0 = dist.get_rank() == 0
         full_state: dict[str, torch.Tensor] = {}
@@ -300,27 +287,14 @@ class FSDPStrategy(Strategy):
             _broadcast_from_rank0(model, device)
         elif device_placement and not _has_meta(model):
             model.to(device)
-        offload = plugin.cpu_offload
-        if not isinstance(offload, OffloadPolicy):
-            offload = CPUOffloadPolicy() if self._offload() else OffloadPolicy()
-        elif isinstance(offload, CPUOffloadPolicy) and not self._offload():
-            offload = OffloadPolicy()
-        kwargs: dict[str, Any] = {
-            "mesh": self._mesh,
-            "reshard_after_forward": plugin.reshard_after_forward,
-            "mp_policy": fsdp2_mixed_precision_policy(
-                plugin.mixed_precision_policy, self.precision.mixed_precision_dtypes()
-            ),
-            "offload_policy": offload,
-        }
-        if ignored:
-            kwargs["ignored_params"] = ignored
-        for unit in units:
-            fully_shard(unit, **kwargs)
-        fully_shard(model, **kwargs)
-        if plugin.forward_prefetch and len(units) > 1:
-            for current, following in itertools.pairwise(units):
-                current.set_modules_to_forward_prefetch([following])  # type: ignore[operator]
+        fsdp2.shard_model(
+            model,
+            plugin,
+            mesh=self._mesh,
+            dtypes=self.precision.mixed_precision_dtypes(),
+            offload=self._offload(),
+            units=units,
+        )
         if ram_efficient:
             model.to_empty(device=device)
             fsdp_state.load_full_model_state_dict(model, full_state, strict=False, broadcast_from_rank0=True)
@@ -420,17 +394,16 @@ class FSDPStrategy(Strategy):
         return str(self.plugin.state_dict_type) != "FULL_STATE_DICT"
 
     def checkpoint_entries(self) -> dict[str, CheckpointEntry]:
-        from accel_train import checkpointing as ckpt
 
         sharded = self._sharded_checkpoints
         return {
             "model": CheckpointEntry(
-                rf"^(?:{_SHARDED_MODEL}_(\d+)|model(?:_(\d+))?\.safetensors|pytorch_model(?:_(\d+))?\.bin)$",
-                (lambda i: f"{_SHARDED_MODEL}_{i}") if sharded else (lambda i: ckpt.model_file(i, True)),
+                f"{ckpt.SHARDED_MODEL_PATTERN}|{ckpt.MODEL_FILE_PATTERN}",
+                ckpt.sharded_model_dir if sharded else (lambda i: ckpt.model_file(i, True)),
             ),
             "optimizer": CheckpointEntry(
-                r"^optimizer_(\d+)$|^optimizer(?:_(\d+))?\.bin$",
-                (lambda i: f"optimizer_{i}") if sharded else ckpt.optimizer_file,
+                f"{ckpt.SHARDED_OPTIMIZER_PATTERN}|{ckpt.OPTIMIZER_FILE_PATTERN}",
+                ckpt.sharded_optimizer_dir if sharded else ckpt.optimizer_file,
             ),
         }
 
@@ -460,9 +433,9 @@ class FSDPStrategy(Strategy):
 
         if not self._sharded_checkpoints:
             return super().save_model_checkpoint(model, weights, folder, index, safe_serialization, is_writer)
-        name = f"{_SHARDED_MODEL}_{index}"
+        name = ckpt.sharded_model_dir(index)
         local = str(self.plugin.state_dict_type) == "LOCAL_STATE_DICT"
-        fsdp_state.save_sharded_model(_inner(model), os.path.join(folder, name), local=local)
+        fsdp_state.save_sharded_model(_inner(model), os.path.join(folder, name), local=local, io=self.checkpoint_io)
         return name
 
     def load_model_checkpoint(
@@ -473,7 +446,7 @@ class FSDPStrategy(Strategy):
         path = os.path.join(folder, entry)
         if os.path.isdir(path):
             local = str(self.plugin.state_dict_type) == "LOCAL_STATE_DICT"
-            fsdp_state.load_sharded_model(_inner(model), path, strict=strict, local=local)
+            fsdp_state.load_sharded_model(_inner(model), path, strict=strict, local=local, io=self.checkpoint_io)
             return
         weights = self.checkpoint_io.load_weights(path, "cpu")
         fsdp_state.load_full_model_state_dict(_inner(model), weights, strict=strict, source=path)
@@ -483,18 +456,20 @@ class FSDPStrategy(Strategy):
 
         if not self._sharded_checkpoints:
             return super().save_optimizer_checkpoint(optimizer, folder, index, is_writer)
-        name = f"optimizer_{index}"
+        name = ckpt.sharded_optimizer_dir(index)
         fsdp_state.save_sharded_optimizer(
-            self._model_of(optimizer), _inner_optimizer(optimizer), os.path.join(folder, name)
+            self._model_of(optimizer), _inner_optimizer(optimizer), os.path.join(folder, name), io=self.checkpoint_io
         )
         return name
 
     def load_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, map_location: Any) -> None:
         import os
 
-        path = os.path.join(folder, f"optimizer_{index}")
+        path = os.path.join(folder, ckpt.sharded_optimizer_dir(index))
         if os.path.isdir(path):
-            fsdp_state.load_sharded_optimizer(self._model_of(optimizer), _inner_optimizer(optimizer), path)
+            fsdp_state.load_sharded_optimizer(
+                self._model_of(optimizer), _inner_optimizer(optimizer), path, io=self.checkpoint_io
+            )
             return
         super().load_optimizer_checkpoint(optimizer, folder, index, "cpu")
 
@@ -531,24 +506,7 @@ def _clip_mixed(parameters: list[torch.Tensor], max_norm: float, norm_type: floa
     return total
 
 
-def _checkpoint_parent(root: torch.nn.Module, unit: torch.nn.Module) -> torch.nn.Module:
-    """The activation-checkpoint wrapper around ``unit`` when there is one (sharded in its place)."""
-    for module in root.modules():
-        if type(module).__name__ == "CheckpointWrapper" and getattr(module, "_checkpoint_wrapped_module", None) is unit:
-            return module
-    return unit
-
-
-@contextlib.contextmanager
-def _gradient_sync(model: Any, enabled: bool) -> Iterator[None]:
-    previous = getattr(model, "_accel_gradient_sync", True)
-    model.set_requires_gradient_sync(enabled)
-    model._accel_gradient_sync = enabled
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(previous)
-        model._accel_gradient_sync = previous
+_gradient_sync = fsdp2.gradient_sync
 
 
 @contextlib.contextmanager

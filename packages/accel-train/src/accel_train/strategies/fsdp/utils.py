@@ -1,7 +1,7 @@
 """The documented FSDP utilities (``accel.utils`` and ``accel.utils.fsdp_utils``).
 
-They are thin, named entry points over the FSDP strategy (:mod:`accel_train.strategies.fsdp`), its
-state-dict helpers (:mod:`accel_train.fsdp_state`) and wrap rules (:mod:`accel_train.fsdp_wrap`),
+They are thin, named entry points over the FSDP strategy (:mod:`accel_train.strategies.fsdp.strategy`), its
+state-dict helpers (:mod:`accel_train.strategies.fsdp.state`) and wrap rules (:mod:`accel_train.strategies.fsdp.wrap`),
 for scripts that save, load or shard by hand. Functions that touch a sharded model are collective:
 call them on every rank.
 
@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
-from accel_train import fsdp_state
-from accel_train.fsdp_wrap import canonical_name, resolve_wrap_classes
-from accel_train.merge import merge_fsdp_weights
+from accel_train import checkpointing as ckpt
+from accel_train.strategies.fsdp import state as fsdp_state
+from accel_train.strategies.fsdp.merge import merge_fsdp_weights
+from accel_train.strategies.fsdp.wrap import canonical_name, resolve_wrap_classes
 
 __all__ = [
     "disable_fsdp_ram_efficient_loading",
@@ -63,11 +64,11 @@ def _local(fsdp_plugin: Any) -> bool:
 
 
 def _model_file(index: int) -> str:
-    return "model.safetensors" if index == 0 else f"model_{index}.safetensors"
+    return ckpt.model_file(index, True)
 
 
 def _optimizer_file(index: int) -> str:
-    return "optimizer.bin" if index == 0 else f"optimizer_{index}.bin"
+    return ckpt.optimizer_file(index)
 
 
 def _inner(model: Any) -> Any:
@@ -88,7 +89,7 @@ def save_fsdp_model(
     """
     os.makedirs(output_dir, exist_ok=True)
     if _sharded(fsdp_plugin):
-        path = os.path.join(output_dir, f"pytorch_model_fsdp_{model_index}")
+        path = os.path.join(output_dir, ckpt.sharded_model_dir(model_index))
         fsdp_state.save_sharded_model(_inner(model), path, local=_local(fsdp_plugin))
         return path
     weights = fsdp_state.full_model_state_dict(_inner(model))
@@ -105,7 +106,7 @@ def load_fsdp_model(
     fsdp_plugin: Any, accelerator: Any, model: torch.nn.Module, input_dir: str, model_index: int = 0, **_: Any
 ) -> None:
     """Read what :func:`save_fsdp_model` wrote (a sharded folder or a full file) into ``model``."""
-    folder = os.path.join(input_dir, f"pytorch_model_fsdp_{model_index}")
+    folder = os.path.join(input_dir, ckpt.sharded_model_dir(model_index))
     if os.path.isdir(folder):
         fsdp_state.load_sharded_model(_inner(model), folder, local=_local(fsdp_plugin))
         return
@@ -129,7 +130,7 @@ def save_fsdp_optimizer(
     """Write the optimizer's state: shards into ``optimizer_{index}``, or the full state into ``optimizer.bin``."""
     os.makedirs(output_dir, exist_ok=True)
     if _sharded(fsdp_plugin):
-        path = os.path.join(output_dir, f"optimizer_{optimizer_index}")
+        path = os.path.join(output_dir, ckpt.sharded_optimizer_dir(optimizer_index))
         fsdp_state.save_sharded_optimizer(_inner(model), _raw_optimizer(optimizer), path)
         return path
     state = fsdp_state.full_optimizer_state_dict(_inner(model), _raw_optimizer(optimizer))
@@ -150,7 +151,7 @@ def load_fsdp_optimizer(
     **_: Any,
 ) -> None:
     """Read what :func:`save_fsdp_optimizer` wrote into ``optimizer`` (of the sharded ``model``)."""
-    folder = os.path.join(input_dir, f"optimizer_{optimizer_index}")
+    folder = os.path.join(input_dir, ckpt.sharded_optimizer_dir(optimizer_index))
     if os.path.isdir(folder):
         fsdp_state.load_sharded_optimizer(_inner(model), _raw_optimizer(optimizer), folder)
         return
@@ -163,7 +164,7 @@ def load_fsdp_optimizer(
 def get_fsdp2_grad_scaler(**kwargs: Any) -> Any:
     """The fp16 gradient scaler for FSDP2 (torch's ``ShardedGradScaler``: overflow checked on every
     rank's shards); ``kwargs`` are ``GradScaler``'s (``device`` defaults to this process's)."""
-    from accel_train.strategies.fsdp import fsdp_grad_scaler
+    from accel_train.strategies.fsdp.strategy import fsdp_grad_scaler
 
     device = kwargs.pop("device", None)
     if device is None:
@@ -262,3 +263,10 @@ def ensure_weights_retied(
         return result
 
     return init_and_retie
+
+
+# The documented home of these names is ``accel_train.fsdp_utils`` (an alias of this very module, see
+# ``accel_train.MOVED_MODULES``): that is where introspection and pickles find them.
+for _name in __all__:
+    globals()[_name].__module__ = "accel_train.fsdp_utils"
+del _name

@@ -4,11 +4,15 @@ dimensions, built from a ``ParallelismConfig``.
 A model is set up in a fixed order (the order in which the pieces compose):
 
 1. placed on the device and converted for the precision;
-2. tensor parallel over ``tp``: the modules of the plan become DTensor-sharded (:mod:`accel_train.tensor_parallel`);
+2. tensor parallel over ``tp``: the modules of the plan become DTensor-sharded (:mod:`accel_train.strategies.nd.tensor_parallel`);
 3. activation checkpointing of the blocks, when the FSDP plugin asks for it;
 4. ``torch.compile``, when the dynamo plugin asks for it;
-5. FSDP2 (``fully_shard``) over ``dp_shard`` x ``cp`` — each block, then the root — with
-   ``dp_replicate`` as the replicate dimension of HSDP.
+5. FSDP2 (``fully_shard``) over ``dp_shard`` x ``cp`` — each unit (the plugin's auto-wrap policy, else
+   the repeated blocks), then the root — with ``dp_replicate`` as the replicate dimension of HSDP.
+
+Steps 3 and 5 are the FSDP strategy's own FSDP2 path (:mod:`accel_train.strategies.fsdp.fsdp2`): every
+FSDP plugin setting means the same here, or is refused by name (``cpu_ram_efficient_loading``, a
+``state_dict_type`` other than sharded).
 
 Data loaders shard over the data-parallel ranks only (``parallel_dims``): tensor- and context-parallel
 peers get the same batches. State dicts and checkpoints go through ``torch.distributed.checkpoint``.
@@ -23,16 +27,12 @@ from typing import Any
 
 import torch
 
-from accel_train import fsdp_state
 from accel_train.strategies.base import CheckpointEntry, ParallelDims, Strategy
-from accel_train.wrappers import repeated_block_lists
+from accel_train.strategies.fsdp import fsdp2
+from accel_train.strategies.fsdp import state as fsdp_state
+from accel_train.strategies.fsdp.wrap import canonical_name
 
 __all__ = ["NDParallelStrategy"]
-
-
-def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated blocks of a model: the children of its ``ModuleList`` s of one block class."""
-    return [block for blocks in repeated_block_lists(model) for block in blocks]
 
 
 class NDParallelStrategy(Strategy):
@@ -69,6 +69,23 @@ class NDParallelStrategy(Strategy):
                 "ParallelismConfig shards data with FSDP2; the FSDP plugin says fsdp_version=1. Set "
                 "fsdp_version=2 (or remove the FSDP plugin)"
             )
+        if fsdp is not None:
+            from accel_train.strategies.fsdp.fsdp2 import ND_REFUSED
+
+            for field, why in ND_REFUSED.items():
+                if getattr(fsdp, field, None):
+                    raise ValueError(
+                        f"FullyShardedDataParallelPlugin.{field} is not supported with ParallelismConfig "
+                        f"(ND parallelism): {why}. Unset {field}, or use the FSDP strategy without tensor / "
+                        "context parallelism"
+                    )
+            if str(fsdp.state_dict_type) != "SHARDED_STATE_DICT":
+                raise ValueError(
+                    f"FullyShardedDataParallelPlugin.state_dict_type={fsdp.state_dict_type} is not supported with "
+                    "ParallelismConfig (ND parallelism): its checkpoints are sharded torch.distributed.checkpoint "
+                    "folders. Use SHARDED_STATE_DICT (the FSDP2 default); get a full state dict with "
+                    "accelerator.get_state_dict(model)"
+                )
 
     @classmethod
     def grad_scaler_factory(cls) -> Any:
@@ -115,9 +132,12 @@ class NDParallelStrategy(Strategy):
         data_loaders: Sequence[Any] = (),
     ) -> Any:
         # Parameters are replaced by DTensors: remember each one's name to rebind the optimizers.
-        names = {id(p): (index, name) for index, m in enumerate(models) for name, p in m.named_parameters()}
+        names = {
+            id(p): (index, canonical_name(name)) for index, m in enumerate(models) for name, p in m.named_parameters()
+        }
         prepared = super().setup(models, [], schedulers, device_placement, evaluation_mode, data_loaders)
-        new_params = [dict(m.named_parameters()) for m in prepared.models]
+        # names without the wrappers' prefixes (activation checkpointing, compile) on both sides
+        new_params = [{canonical_name(n): p for n, p in m.named_parameters()} for m in prepared.models]
         for optimizer in optimizers:
             params = [p for group in optimizer.param_groups for p in group["params"]]
             if params and all(id(p) in names for p in params):
@@ -158,43 +178,26 @@ class NDParallelStrategy(Strategy):
         model = self.precision.convert_module(model)
         config = self.config
         if config.tp_enabled:
-            from accel_train.tensor_parallel import apply_plan, model_plan, resolve_plan
+            from accel_train.strategies.nd.tensor_parallel import apply_plan, model_plan, resolve_plan
 
             explicit = getattr(config.tp_handler, "tp_plan", None)
             plan = resolve_plan(model, model_plan(model, explicit), config.tp_size)
             apply_plan(model, plan, self._mesh["tp"])
         fsdp_plugin = getattr(self.state, "fsdp_plugin", None)
         if fsdp_plugin is not None and fsdp_plugin.activation_checkpointing:
-            self._checkpoint_blocks(model)
+            fsdp2.apply_activation_checkpointing(model, fsdp_plugin)
         model = self.compile(model)
         if config.fsdp_dim_names:
-            model = self._fully_shard(model, fsdp_plugin)
+            names = config.fsdp_dim_names
+            fsdp2.shard_model(
+                model,
+                fsdp_plugin,
+                mesh=self._mesh[tuple(names)] if len(names) > 1 else self._mesh[names[0]],
+                dtypes=self.precision.mixed_precision_dtypes(),
+                offload=fsdp2.offload_wanted(fsdp_plugin, self.device),
+                units=fsdp2.shard_units(model, fsdp_plugin, default_blocks=True),
+            )
         self._models.append(model)
-        return model
-
-    @staticmethod
-    def _checkpoint_blocks(model: torch.nn.Module) -> None:
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
-        for blocks in repeated_block_lists(model):
-            for index, block in enumerate(blocks):
-                blocks[index] = checkpoint_wrapper(block)
-
-    def _fully_shard(self, model: torch.nn.Module, fsdp_plugin: Any) -> torch.nn.Module:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        names = self.config.fsdp_dim_names
-        mesh = self._mesh[tuple(names)] if len(names) > 1 else self._mesh[names[0]]
-        param_dtype, reduce_dtype, _ = self.precision.mixed_precision_dtypes()
-        kwargs: dict[str, Any] = {"mesh": mesh}
-        if param_dtype is not None:
-            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-        reshard = getattr(fsdp_plugin, "reshard_after_forward", None)
-        if isinstance(reshard, bool):
-            kwargs["reshard_after_forward"] = reshard
-        for block in _blocks(model):
-            fully_shard(block, **kwargs)
-        fully_shard(model, **kwargs)
         return model
 
     # -- training step ----------------------------------------------------------------------------------
@@ -203,9 +206,7 @@ class NDParallelStrategy(Strategy):
         """FSDP2's switch for gradient reduction, off inside the block (the FSDP strategy's helper)."""
         if not hasattr(model, "set_requires_gradient_sync"):
             return contextlib.nullcontext()
-        from accel_train.strategies.fsdp import _gradient_sync
-
-        return _gradient_sync(model, False)
+        return fsdp2.gradient_sync(model, False)
 
     def clip_grad_norm_(
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float, optimizers: Iterable[Any]
@@ -267,11 +268,11 @@ class NDParallelStrategy(Strategy):
         return get_optimizer_state_dict(self._model_of(optimizer), inner, options=options)
 
     def checkpoint_entries(self) -> dict[str, CheckpointEntry]:
-        from accel_state.constants import FSDP_MODEL_NAME
+        from accel_train import checkpointing as ckpt
 
         return {
-            "model": CheckpointEntry(rf"^{FSDP_MODEL_NAME}(?:_(\d+))?$", lambda i: f"{FSDP_MODEL_NAME}_{i}"),
-            "optimizer": CheckpointEntry(r"^optimizer_(\d+)$", lambda i: f"optimizer_{i}"),
+            "model": CheckpointEntry(ckpt.SHARDED_MODEL_PATTERN, ckpt.sharded_model_dir),
+            "optimizer": CheckpointEntry(ckpt.SHARDED_OPTIMIZER_PATTERN, ckpt.sharded_optimizer_dir),
         }
 
     def checkpoint_weights(self, model: torch.nn.Module) -> dict[str, Any] | None:
@@ -281,21 +282,29 @@ class NDParallelStrategy(Strategy):
         self, model: torch.nn.Module, weights: Any, folder: str, index: int, safe_serialization: bool, is_writer: bool
     ) -> str:
         name = self.checkpoint_entries()["model"].name(index)
-        fsdp_state.save_sharded_model(self.unwrap_model(model, keep_torch_compile=False), os.path.join(folder, name))
+        fsdp_state.save_sharded_model(
+            self.unwrap_model(model, keep_torch_compile=False), os.path.join(folder, name), io=self.checkpoint_io
+        )
         return name
 
     def load_model_checkpoint(
         self, model: torch.nn.Module, folder: str, entry: str, device: Any, strict: bool = True
     ) -> None:
-        fsdp_state.load_sharded_model(self.unwrap_model(model, keep_torch_compile=False), os.path.join(folder, entry))
+        fsdp_state.load_sharded_model(
+            self.unwrap_model(model, keep_torch_compile=False), os.path.join(folder, entry), io=self.checkpoint_io
+        )
 
     def save_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, is_writer: bool) -> str:
         name = self.checkpoint_entries()["optimizer"].name(index)
         inner = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
-        fsdp_state.save_sharded_optimizer(self._model_of(optimizer), inner, os.path.join(folder, name))
+        fsdp_state.save_sharded_optimizer(
+            self._model_of(optimizer), inner, os.path.join(folder, name), io=self.checkpoint_io
+        )
         return name
 
     def load_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, map_location: Any) -> None:
         inner = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
         name = self.checkpoint_entries()["optimizer"].name(index)
-        fsdp_state.load_sharded_optimizer(self._model_of(optimizer), inner, os.path.join(folder, name))
+        fsdp_state.load_sharded_optimizer(
+            self._model_of(optimizer), inner, os.path.join(folder, name), io=self.checkpoint_io
+        )

@@ -1,0 +1,26 @@
+"""The named public components the :class:`~accel_train.accelerator.Accelerator` facade is made of.
+
+- :mod:`.attributes`: :class:`AcceleratorAttributes`, the documented read-only attributes;
+- :mod:`.process_ops`: :class:`ProcessOperations`, process control and collectives;
+- :mod:`.checkpointer`: :class:`Checkpointer`, ``save_state`` / ``load_state`` / ``save_model`` and the
+  registration of objects and hooks (:class:`RemovableHandle`);
+- :mod:`.trackers`: :class:`Trackers`, experiment tracking.
+
+Each defines and documents its methods; the Accelerator combines them and holds no backend branch.
+Importing this package does no work.
+"""
+
+from __future__ import annotations
+
+from accel_state.lazy import lazy_exports
+
+_EXPORTS = {
+    "AcceleratorAttributes": "attributes",
+    "ProcessOperations": "process_ops",
+    "Checkpointer": "checkpointer",
+    "RemovableHandle": "checkpointer",
+    "Trackers": "trackers",
+}
+__all__ = sorted(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

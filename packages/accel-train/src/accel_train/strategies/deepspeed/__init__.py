@@ -1,0 +1,25 @@
+"""The DeepSpeed backend: everything that knows about ``deepspeed`` lives here.
+
+- :mod:`.plugin`: ``DeepSpeedPlugin`` (settings, the config dict, launcher variables);
+- :mod:`.config`: translation of plugin fields into a DeepSpeed config, ``"auto"`` filling (pure);
+- :mod:`.strategy`: ``DeepSpeedStrategy`` (engine set-up, training step, checkpoint entries);
+- :mod:`.utils`: the documented ``DummyOptim``, ``HfDeepSpeedConfig``, engine wrappers, ... (also
+  ``accel_train.deepspeed_utils`` / ``accel.utils.deepspeed``).
+
+Importing this package does no work (``deepspeed`` is imported when a run uses it).
+"""
+
+from __future__ import annotations
+
+from accel_state.lazy import lazy_exports
+
+_EXPORTS = {
+    "DeepSpeedStrategy": "strategy",
+    "EnginePrecision": "strategy",
+    "_check_stand_ins": "strategy",
+    "gather_zero3_state_dict": "strategy",
+    "load_zero3_state_dict": "strategy",
+}
+__all__ = ["DeepSpeedStrategy", "EnginePrecision", "gather_zero3_state_dict", "load_zero3_state_dict"]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,0 +1,180 @@
+"""The one FSDP2 path, used by the FSDP strategy and the ND-parallel strategy alike.
+
+Every setting of :class:`~accel_train.strategies.fsdp.plugin.FullyShardedDataParallelPlugin` that FSDP2
+knows means the same under both strategies because both call these functions, in torchtitan's fixed
+order: (tensor parallelism, ND only) -> :func:`apply_activation_checkpointing` -> ``torch.compile`` ->
+:func:`shard_model`. A plugin setting that has no meaning on an ND mesh is refused by name there
+(:data:`ND_REFUSED`).
+
+- units: the plugin's auto-wrap policy (:func:`~accel_train.strategies.fsdp.wrap.wrap_units`); without a
+  plugin, the blocks of the model's repeated ``ModuleList`` s;
+- activation checkpointing of the unit classes, offloaded to the CPU with
+  ``activation_checkpointing_offload``; a checkpointed unit is sharded through its wrapper;
+- ``fully_shard`` of each unit, then the root, with the plugin's ``reshard_after_forward``, its
+  mixed-precision policy (or the precision's dtypes), CPU offload, ``ignored_modules``, and
+  ``forward_prefetch`` (each unit prefetches the next in forward).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from accel_train.strategies.fsdp.wrap import (
+    fsdp2_mixed_precision_policy,
+    ignored_modules_of,
+    resolve_wrap_classes,
+    wrap_units,
+)
+from accel_train.wrappers import repeated_block_lists
+
+__all__ = [
+    "ND_REFUSED",
+    "apply_activation_checkpointing",
+    "checkpoint_parent",
+    "gradient_sync",
+    "offload_wanted",
+    "repeated_blocks",
+    "shard_model",
+    "shard_units",
+]
+
+logger = logging.getLogger(__name__)
+
+#: FSDP plugin settings the ND strategy cannot honour: field -> why (refused by name when set).
+ND_REFUSED: dict[str, str] = {
+    "cpu_ram_efficient_loading": "the ND strategy places each rank's model before tensor parallelism splits it",
+}
+
+
+def offload_wanted(plugin: Any, device: torch.device) -> bool:
+    """Whether the plugin asks for CPU offload of parameters; off, with a warning, when they already
+    live on the CPU (no accelerator)."""
+    offload = getattr(plugin, "cpu_offload", None)
+    wanted = bool(getattr(offload, "offload_params", offload))
+    if wanted and device.type == "cpu":
+        logger.warning(
+            "FSDP cpu_offload / offload_params has no effect here: the parameters already live on the CPU "
+            "(no accelerator); training runs without offloading"
+        )
+        return False
+    return wanted
+
+
+def apply_activation_checkpointing(model: torch.nn.Module, plugin: Any) -> None:
+    """Wrap the plugin's unit classes in activation checkpointing, in place.
+
+    The classes are ``transformer_cls_names_to_wrap``, else the model's ``_no_split_modules``, else the
+    classes of its repeated blocks; offloaded to the CPU with ``activation_checkpointing_offload``.
+    """
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        checkpoint_wrapper,
+    )
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing as apply,
+    )
+
+    names = getattr(plugin, "transformer_cls_names_to_wrap", None)
+    blocks = repeated_blocks(model)
+    if not names and not getattr(model, "_no_split_modules", None) and blocks:
+        classes: tuple[type, ...] = tuple({type(block) for block in blocks})  # no names: the repeated blocks
+    else:
+        classes = tuple(resolve_wrap_classes(model, names))
+    wrapper = (
+        (lambda m: checkpoint_wrapper(m, offload_to_cpu=True))
+        if getattr(plugin, "activation_checkpointing_offload", False)
+        else (lambda m: checkpoint_wrapper(m, checkpoint_impl=CheckpointImpl.NO_REENTRANT))
+    )
+    apply(model, checkpoint_wrapper_fn=wrapper, check_fn=lambda m: isinstance(m, classes))
+
+
+def checkpoint_parent(root: torch.nn.Module, unit: torch.nn.Module) -> torch.nn.Module:
+    """The activation-checkpoint wrapper around ``unit`` when there is one (sharded in its place)."""
+    for module in root.modules():
+        if type(module).__name__ == "CheckpointWrapper" and getattr(module, "_checkpoint_wrapped_module", None) is unit:
+            return module
+    return unit
+
+
+def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The blocks of the model's ``ModuleList`` s of one block class (a transformer's layers)."""
+    return [block for blocks in repeated_block_lists(model) for block in blocks]
+
+
+def shard_units(model: torch.nn.Module, plugin: Any, default_blocks: bool = False) -> list[torch.nn.Module]:
+    """The submodules sharded as their own units, children first (through their checkpoint wrappers).
+
+    The plugin's ``auto_wrap_policy`` means the same under every strategy; without one (or without a
+    plugin) the strategy's default applies: ``default_blocks`` shards the repeated blocks (ND), else
+    the root only (FSDP, as documented).
+    """
+    if plugin is not None and getattr(plugin, "auto_wrap_policy", None) is not None:
+        units = wrap_units(model, plugin)
+    else:
+        units = repeated_blocks(model) if default_blocks else []
+    return [checkpoint_parent(model, unit) for unit in units]
+
+
+def shard_model(
+    model: torch.nn.Module,
+    plugin: Any,
+    *,
+    mesh: Any,
+    dtypes: tuple[Any, Any, Any],
+    offload: bool,
+    units: Sequence[torch.nn.Module] | None = None,
+) -> torch.nn.Module:
+    """``fully_shard`` each unit, then ``model``, with the plugin's FSDP2 settings; returns ``model``.
+
+    Args:
+        model: the model (after tensor parallelism, activation checkpointing and compile).
+        plugin: the FSDP plugin, or ``None`` for the defaults (reshard after forward, no offload).
+        mesh: the device mesh (or sub-mesh) to shard over.
+        dtypes: the precision's ``(param, reduce, buffer)`` dtypes, for the mixed-precision policy.
+        offload: offload parameters to the CPU (see :func:`offload_wanted`).
+        units: the units (default :func:`shard_units`).
+    """
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+    units = list(units) if units is not None else shard_units(model, plugin)
+    policy = getattr(plugin, "cpu_offload", None)
+    if not isinstance(policy, OffloadPolicy) or (isinstance(policy, CPUOffloadPolicy) and not offload):
+        policy = CPUOffloadPolicy() if offload else OffloadPolicy()
+    kwargs: dict[str, Any] = {
+        "mesh": mesh,
+        "mp_policy": fsdp2_mixed_precision_policy(getattr(plugin, "mixed_precision_policy", None), dtypes),
+        "offload_policy": policy,
+    }
+    reshard = getattr(plugin, "reshard_after_forward", None)
+    if isinstance(reshard, bool):
+        kwargs["reshard_after_forward"] = reshard
+    ignored = {p for m in ignored_modules_of(model, getattr(plugin, "ignored_modules", None)) for p in m.parameters()}
+    if ignored:
+        kwargs["ignored_params"] = ignored
+    for unit in units:
+        fully_shard(unit, **kwargs)
+    fully_shard(model, **kwargs)
+    if getattr(plugin, "forward_prefetch", False) and len(units) > 1:
+        for current, following in itertools.pairwise(units):
+            current.set_modules_to_forward_prefetch([following])  # type: ignore[operator]
+    return model
+
+
+@contextlib.contextmanager
+def gradient_sync(model: Any, enabled: bool) -> Iterator[None]:
+    """Context in which an FSDP2 model reduces its gradients in backward (``enabled``) or keeps them local
+    (gradient accumulation); the previous setting comes back on exit."""
+    previous = getattr(model, "_accel_gradient_sync", True)
+    model.set_requires_gradient_sync(enabled)
+    model._accel_gradient_sync = enabled
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(previous)
+        model._accel_gradient_sync = previous
