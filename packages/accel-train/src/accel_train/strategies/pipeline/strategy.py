@@ -176,7 +176,7 @@ class PipelineStrategy(Strategy):
         prepared = [self.setup_model(m, placement, evaluation_mode) for m, placement in zip(models, device_placement)]
         built = [self.setup_optimizer(o, prepared) for o in optimizers]
         if self.sharded:
-            from accel_train.strategies.nd_parallel import NDParallelStrategy
+            from accel_train.strategies.nd.strategy import NDParallelStrategy
 
             new_params = [dict(m.get_submodule("module").named_parameters()) for m in prepared]
             for optimizer in built:
