@@ -389,14 +389,17 @@ def is_mpi_available() -> bool:
 
 
 def is_import_timer_available() -> bool:
+    """True when the ``import_timer`` package (import-time profiling) is installed."""
     return _is_package_available("import_timer")
 
 
 def get_ccl_version() -> str:
+    """Version of the installed Intel oneCCL bindings for PyTorch (``oneccl_bind_pt``)."""
     return importlib.metadata.version("oneccl_bind_pt")
 
 
 def is_pytest_available() -> bool:
+    """True when pytest is installed (the test helpers of ``accel_state.testing`` need it)."""
     return _is_package_available("pytest")
 
 
@@ -440,6 +443,7 @@ def is_habana_gaudi1() -> bool:
 
 
 def is_torchvision_v2_available() -> bool:
+    """True when torchvision 0.15 or newer (its ``transforms.v2`` API) is installed."""
     return is_torchvision_available() and compare_versions(importlib.metadata.version("torchvision"), ">=", "0.15")
 
 
