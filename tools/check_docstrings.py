@@ -150,9 +150,9 @@ def _class_members(path: str, cls: type) -> Iterator[tuple[str, object, str]]:
                 yield f"{path}.{name}", value, _distribution_of(value.__module__) or distribution
 
 
-def public_objects() -> Iterator[tuple[str, object]]:
-    """``(public path, object)`` for every name in the ``__all__`` of the public roots."""
-    for root in ROOTS:
+def public_objects(roots: tuple[str, ...] | None = None) -> Iterator[tuple[str, object]]:
+    """``(public path, object)`` for every name in the ``__all__`` of the modules ``roots`` (default ``ROOTS``)."""
+    for root in roots or ROOTS:
         module = importlib.import_module(root)
         for name in getattr(module, "__all__", []):
             if name.startswith("_"):
@@ -163,8 +163,9 @@ def public_objects() -> Iterator[tuple[str, object]]:
                 yield f"{root}.{name}", error
 
 
-def collect() -> tuple[list[Member], list[str]]:
-    """Every public member, each function counted once; and the exports that cannot be imported."""
+def collect(roots: tuple[str, ...] | None = None) -> tuple[list[Member], list[str]]:
+    """Every public member reached from ``roots``, each function counted once; and the exports that
+    cannot be imported."""
     members: list[Member] = []
     broken: list[str] = []
     seen: set[int] = set()
@@ -179,7 +180,7 @@ def collect() -> tuple[list[Member], list[str]]:
         else:
             members.append(_function_member(path, obj, distribution, extra_docs))
 
-    for path, obj in public_objects():
+    for path, obj in public_objects(roots):
         if isinstance(obj, Exception):
             broken.append(f"{path} (cannot be imported: {obj})")
             continue
@@ -213,7 +214,7 @@ def collect() -> tuple[list[Member], list[str]]:
 def figures(members: list[Member]) -> dict[str, dict[str, int]]:
     """Per distribution: public and documented members, public and documented arguments, and gaps."""
     table: dict[str, dict[str, int]] = {}
-    for distribution in DISTRIBUTIONS.values():
+    for distribution in dict.fromkeys([*DISTRIBUTIONS.values(), *(m.distribution for m in members)]):
         own = [m for m in members if m.distribution == distribution]
         arguments = sum(len(m.arguments) for m in own)
         missing_arguments = sum(len(m.undocumented_arguments) for m in own)

@@ -111,8 +111,16 @@ def mapping_markdown() -> str:
     """Every table of the page, with its heading; inserted where ``<!-- accelerate-mapping -->`` stands."""
     anchors = reference.anchors()
     parts = [
-        ("Names", "Top-level names and utilities: `from accelerate import X` is `from accel import X`.", names_table(anchors)),
-        ("Accelerator methods and properties", "Every public member of accel's `Accelerator`.", accelerator_table(anchors)),
+        (
+            "Names",
+            "Top-level names and utilities: `from accelerate import X` is `from accel import X`.",
+            names_table(anchors),
+        ),
+        (
+            "Accelerator methods and properties",
+            "Every public member of accel's `Accelerator`.",
+            accelerator_table(anchors),
+        ),
         ("Module paths", "Each is the running module itself under a second name, not a copy.", modules_table()),
         ("Commands and flags", "Read from the real `accel` parser.", commands_table()),
         ("Config-file keys", "The YAML keys `accel launch` reads, from the launch-option table.", config_keys_table()),

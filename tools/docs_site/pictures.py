@@ -12,6 +12,7 @@ import html
 import io
 import json
 import pathlib
+
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -10,7 +10,6 @@ so that the reference follows accel-train however its code is arranged.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 
 #: distribution -> one line saying what its page holds, in the dependency order of the design.
@@ -91,9 +90,7 @@ def entries() -> list[Entry]:
             identifier = identifier_of(obj, defining_module, name)
             entry = found.get(identifier)
             if entry is None:
-                entry = found[identifier] = Entry(
-                    [], identifier, _distribution(identifier), _kind(obj), _summary(obj)
-                )
+                entry = found[identifier] = Entry([], identifier, _distribution(identifier), _kind(obj), _summary(obj))
             entry.public_names.append(f"{prefix}.{name}")
     return list(found.values())
 
@@ -132,8 +129,9 @@ def _block(entry: Entry) -> str:
     imports = " · ".join(
         f"`from {name.rsplit('.', 1)[0]} import {name.rsplit('.', 1)[1]}`" for name in entry.public_names
     )
-    return f'<p class="accel-import">{imports} (defined in <code>{entry.identifier.rsplit(".", 1)[0]}</code>)</p>\n\n' + (
-        f"::: {entry.identifier}\n    options:\n      heading: \"{entry.public_names[0]}\"\n"
+    return (
+        f'<p class="accel-import">{imports} (defined in <code>{entry.identifier.rsplit(".", 1)[0]}</code>)</p>\n\n'
+        + (f'::: {entry.identifier}\n    options:\n      heading: "{entry.public_names[0]}"\n')
     )
 
 
@@ -211,10 +209,25 @@ def pages() -> dict[str, str]:
     return generated
 
 
-def importable(identifier: str) -> bool:
-    """True when ``identifier`` (``module.attr``) resolves at run time (used by the site check)."""
-    module, _, name = identifier.rpartition(".")
-    try:
-        return hasattr(importlib.import_module(module), name)
-    except ImportError:
+def has_own_docstring(name: str) -> bool:
+    """True when the object a public name (``accel.X``, ``accel.utils.X``, ``Accelerator.m``) reaches has
+    its own docstring; a constant counts as having one (its description is an attribute docstring)."""
+    import accel
+    import accel.utils
+
+    if name.startswith("Accelerator."):
+        member = name.split(".", 1)[1]
+        for klass in accel.Accelerator.__mro__:
+            if member in vars(klass):
+                value = vars(klass)[member]
+                value = getattr(value, "__func__", value)
+                if getattr(value, "__name__", member) != member:
+                    return False  # `clear = free_memory`: the site shows an alias entry, described only by its own docstring
+                return bool((getattr(value, "__doc__", None) or "").strip())
         return False
+    module = accel.utils if name.startswith("accel.utils.") else accel
+    obj = getattr(module, name.rsplit(".", 1)[1])
+    if not callable(obj):
+        return True
+    doc = obj.__dict__.get("__doc__") if inspect.isclass(obj) else obj.__doc__
+    return bool((doc or "").strip())
