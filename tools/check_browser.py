@@ -101,7 +101,7 @@ def check_page(browser: str, url: str, marks: dict[str, str], screenshot: pathli
         if mark not in dom.stdout:
             problems.append(f"{url}: no {what} (looked for {mark!r})")
     with tempfile.TemporaryDirectory(prefix="accel-chromium-") as profile:
-        shot = _browser(browser, pathlib.Path(profile), f"--screenshot={screenshot}", url)
+        shot = _browser(browser, pathlib.Path(profile), "--virtual-time-budget=5000", f"--screenshot={screenshot}", url)
     if shot.returncode != 0 or not screenshot.exists() or screenshot.stat().st_size < 5000:
         problems.append(f"{url}: no screenshot written ({shot.stderr[-500:]})")
     return problems

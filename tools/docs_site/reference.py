@@ -127,7 +127,7 @@ def anchors() -> dict[str, tuple[str, str]]:
 
 def _block(entry: Entry) -> str:
     imports = " · ".join(
-        f"`from {name.rsplit('.', 1)[0]} import {name.rsplit('.', 1)[1]}`" for name in entry.public_names
+        f"<code>from {name.rsplit('.', 1)[0]} import {name.rsplit('.', 1)[1]}</code>" for name in entry.public_names
     )
     return (
         f'<p class="accel-import">{imports} (defined in <code>{entry.identifier.rsplit(".", 1)[0]}</code>)</p>\n\n'

@@ -21,7 +21,8 @@ def init_empty_weights(include_buffers: bool | None = None) -> Iterator[None]:
     Buffers stay on the CPU unless ``include_buffers`` (default: env ``ACCELERATE_INIT_INCLUDE_BUFFERS``).
 
     Args:
-        include_buffers: Also place the buffers (default: only the parameters).
+        include_buffers: Also create the buffers on the meta device; `None` reads `ACCELERATE_INIT_INCLUDE_BUFFERS`
+            (else `False`).
     """
     if include_buffers is None:
         include_buffers = parse_flag_from_env("ACCELERATE_INIT_INCLUDE_BUFFERS", False)
@@ -35,7 +36,8 @@ def init_on_device(device: torch.device | str | int, include_buffers: bool | Non
 
     Args:
         device: The device parameters are created on.
-        include_buffers: Also place the buffers (default: only the parameters).
+        include_buffers: Also put the buffers on `device`; `None` reads `ACCELERATE_INIT_INCLUDE_BUFFERS` (else
+            `False`).
     """
     if include_buffers is None:
         include_buffers = parse_flag_from_env("ACCELERATE_INIT_INCLUDE_BUFFERS", False)
