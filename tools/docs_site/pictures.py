@@ -153,10 +153,10 @@ def ratio_plot(records: list[dict], title: str) -> bytes:
     figure, axes = plt.subplots(figsize=(9, 0.32 * len(records) + 1.2))
     colours = ["#43a047" if value <= 1.0 else "#e53935" for value in ratios]
     axes.barh(range(len(records)), ratios, color=colours)
+    axes.set_xlim(0, max(2.0, max(ratios) * 1.05))
     axes.set_yticks(range(len(records)), labels, fontsize=8)
     axes.invert_yaxis()
     axes.axvline(1.0, color="#333", linewidth=1)
-    axes.set_xscale("log")
     axes.set_xlabel("ratio (accel / baseline; below 1 is better for time and memory)")
     axes.set_title(title, fontsize=10)
     figure.tight_layout()
