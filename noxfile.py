@@ -263,7 +263,7 @@ def docs(session: nox.Session) -> None:
     if no_run:
         return
     session.install(*_constraints(), "numpy", "safetensors", "tqdm", "tensorboard", "bitsandbytes", "deepspeed")
-    session.run("python", str(ROOT / "tools" / "run_doc_examples.py"), *pages)
+    session.run("python", str(ROOT / "tools" / "run_doc_examples.py"), "--quiet", *pages)
 
 
 @nox.session

@@ -4,7 +4,7 @@
   its "Guide" section, so a new page shows in the sidebar before anyone places it;
 - ``on_files``: the API reference pages (``tools/docs_site/reference.py``), the package READMEs, and
   the pictures (layer and flow diagrams, benchmark plots) are added as generated files;
-- ``on_page_markdown``: the markers ``<!-- cli-reference -->``, ``<!-- accelerate-mapping -->`` and
+- ``on_page_markdown``: links to ``page.html`` (the old guide's form) become ``page.md``; the markers ``<!-- cli-reference -->``, ``<!-- accelerate-mapping -->`` and
   ``<!-- benchmark-plots -->`` are replaced by what they name; the attributes of runnable code fences
   (``processes=2``, ``run-if=...``, ``file=...``) become a caption; and inline code naming a public
   object (`` `init_empty_weights` ``, `` `accelerator.save_state()` ``) links to its reference entry.
@@ -138,6 +138,24 @@ def link_inline_code(markdown: str) -> str:
     return "".join(out)
 
 
+HTML_LINK = re.compile(r"\]\((?P<name>[A-Za-z0-9_-]+)\.html(?P<anchor>#[^)\s]*)?\)")
+
+
+def md_links(markdown: str, docs_dir: pathlib.Path) -> str:
+    """Links written for the old hand-built guide (``](launching.html)``, ``](accel-data.html)``)
+    pointed at its HTML pages; point them at the Markdown source MkDocs checks and links."""
+
+    def replace(found: re.Match[str]) -> str:
+        name, anchor = found.group("name"), found.group("anchor") or ""
+        if (docs_dir / f"{name}.md").exists():
+            return f"]({name}.md{anchor})"
+        if (ROOT / "packages" / name / "README.md").exists():
+            return f"](packages/{name}.md{anchor})"
+        return found.group(0)
+
+    return HTML_LINK.sub(replace, markdown)
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     """Fill the markers, caption the runnable fences and link inline code to the reference."""
     if build_guide.CLI_MARKER in markdown:
@@ -146,6 +164,8 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         markdown = markdown.replace(MAPPING_MARKER, migration.mapping_markdown())
     if BENCH_MARKER in markdown:
         markdown = markdown.replace(BENCH_MARKER, _bench()[0])
+    if page.file.src_uri.count("/") == 0:
+        markdown = md_links(markdown, pathlib.Path(config["docs_dir"]))
     markdown = captions(markdown)
     if not page.file.src_uri.startswith("reference/"):
         markdown = link_inline_code(markdown)

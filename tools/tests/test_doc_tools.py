@@ -313,3 +313,11 @@ def test_browser_check_finds_marks_in_a_real_page(tmp_path: pathlib.Path) -> Non
         missing = check_browser.check_page(browser, base + "index.html", {"x": "no-such-mark"}, tmp_path / "b.png")
     assert missing and "no x" in missing[0]
     assert (tmp_path / "shot.png").stat().st_size > 5000
+
+
+def test_old_html_links_point_at_the_markdown_pages(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "launching.md").write_text("# t\n")
+    text = "See [launching](launching.html#flags), [data](accel-data.html) and [x](nowhere.html)."
+    assert docs_hooks.md_links(text, tmp_path) == (
+        "See [launching](launching.md#flags), [data](packages/accel-data.md) and [x](nowhere.html)."
+    )
