@@ -235,9 +235,10 @@ def _docs_site(session: nox.Session) -> None:
     session.run("python", str(ROOT / "tools" / "check_browser.py"))
 
 
-@nox.session
+@nox.session(reuse_venv=True)
 def docs_site(session: nox.Session) -> None:
-    """The documentation site only (no example runs): build/site/index.html, strict, checked. Fast."""
+    """The documentation site only (no example runs): build/site/index.html, strict, checked. Fast;
+    its venv is kept between runs (the installs then only check what is there)."""
     _docs_site(session)
 
 
