@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -211,23 +212,59 @@ def summary(session: nox.Session) -> None:
     session.run(sys.executable, str(ROOT / "tools" / "test_summary.py"), str(REPORTS))
 
 
+#: The site generator and what its build needs (MkDocs + Material + mkdocstrings; matplotlib for the
+#: benchmark plots), pinned so that a build today renders as the one that was checked.
+DOCS_SITE_PINS = (
+    "mkdocs==1.6.1",
+    "mkdocs-material==9.8.1",
+    "mkdocstrings==1.0.8",
+    "mkdocstrings-python==2.0.11",
+    "mkdocs-autorefs==1.4.5",
+    "pymdown-extensions==13.1",
+    "matplotlib",
+)
+
+
+def _docs_site(session: nox.Session) -> None:
+    """Install accel and the site generator; check docstrings (ratchet); build the site strictly and
+    check it (anchors, descriptions, search index); open it in headless chromium when there is one."""
+    _install_local(session, *ORDER)
+    session.install(*_constraints(), *DOCS_SITE_PINS)
+    session.run("python", str(ROOT / "tools" / "check_docstrings.py"), silent=True)
+    session.run("python", str(ROOT / "tools" / "build_guide.py"))
+    session.run("python", str(ROOT / "tools" / "check_browser.py"))
+
+
+@nox.session(reuse_venv=True)
+def docs_site(session: nox.Session) -> None:
+    """The documentation site only (no example runs): build/site/index.html, strict, checked. Fast;
+    its venv is kept between runs (the installs then only check what is there)."""
+    _docs_site(session)
+
+
 @nox.session(tags=["ci"])
 def docs(session: nox.Session) -> None:
-    """The user guide and API reference into docs/_build, then every code block of the guide run.
+    """The documentation site (as ``docs_site``), then every code block of the guide run.
 
-    Fails when an exported name has no docstring (tools/check_docstrings.py) or when a code block of
-    docs/*.md fails (tools/run_doc_examples.py; pages given as arguments run alone).
+    ``nox -s docs -- --no-run`` builds the site only. Other arguments are pages for
+    ``tools/run_doc_examples.py`` to run alone. On a machine without chromium where apt-get works as
+    root (CI), chromium is installed first so that the browser check runs for real.
     """
-    _install_local(session, *ORDER)
-    session.install(
-        *_constraints(), "pdoc", "markdown2", "numpy", "safetensors", "tqdm", "tensorboard", "bitsandbytes", "deepspeed"
-    )
-    session.run("python", str(ROOT / "tools" / "check_docstrings.py"))
-    out = ROOT / "docs" / "_build"
-    session.run("pdoc", "-o", str(out / "api"), *[d.replace("-", "_") for d in ORDER])
-    session.run("python", str(ROOT / "tools" / "build_guide.py"), str(ROOT / "docs"), str(out))
-    session.log(f"site: {out / 'index.html'}")
-    session.run("python", str(ROOT / "tools" / "run_doc_examples.py"), *session.posargs)
+    posargs = list(session.posargs)
+    no_run = "--no-run" in posargs
+    pages = [arg for arg in posargs if arg != "--no-run"]
+    if not shutil.which("chromium") and shutil.which("apt-get") and os.geteuid() == 0:
+        session.run(
+            "bash",
+            "-c",
+            "(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null",
+            external=True,
+        )
+    _docs_site(session)
+    if no_run:
+        return
+    session.install(*_constraints(), "numpy", "safetensors", "tqdm", "tensorboard", "bitsandbytes", "deepspeed")
+    session.run("python", str(ROOT / "tools" / "run_doc_examples.py"), "--quiet", *pages)
 
 
 @nox.session
@@ -267,7 +304,11 @@ def bench(session: nox.Session) -> None:
             "psutil",
             external=True,
         )
-    env = {"ACCEL_REFERENCE_PYTHON": str(REFERENCE_VENV / "bin" / "python")}
+    # every ratio is also appended to .bench-results.jsonl, which the docs site plots
+    env = {
+        "ACCEL_REFERENCE_PYTHON": str(REFERENCE_VENV / "bin" / "python"),
+        "ACCEL_BENCH_RESULTS": str(ROOT / ".bench-results.jsonl"),
+    }
     scripts = session.posargs or sorted(
         str(p) for p in (ROOT / "tools" / "bench").glob("*.py") if not p.name.startswith("_")
     )

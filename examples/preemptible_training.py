@@ -19,7 +19,8 @@ import signal
 import torch
 from torch import nn
 
-from accel_train import Accelerator, ProjectConfiguration
+from accel import Accelerator
+from accel.utils import ProjectConfiguration
 
 
 class Progress:

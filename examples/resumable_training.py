@@ -20,7 +20,8 @@ import os
 import torch
 from torch import nn
 
-from accel_train import Accelerator, ProjectConfiguration
+from accel import Accelerator
+from accel.utils import ProjectConfiguration
 
 
 class TrainingProgress:

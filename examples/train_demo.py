@@ -22,9 +22,8 @@ import time
 import torch
 from torch import nn
 
-from accel_bigmodel import init_empty_weights, load_checkpoint_and_dispatch
-from accel_state.operations import broadcast_object_list
-from accel_train import Accelerator, ProjectConfiguration
+from accel import Accelerator, init_empty_weights, load_checkpoint_and_dispatch
+from accel.utils import ProjectConfiguration, broadcast_object_list
 
 NUM_CLASSES = 4
 FEATURES = 16

@@ -66,3 +66,21 @@ def test_resumable_training_resumes_exactly_after_a_crash(tmp_path: pathlib.Path
     assert resumed.returncode == 0, text[-4000:]
     assert "resumed at step 28 (epoch 2)" in text
     assert _fingerprint(text) == _fingerprint(straight.stdout)
+
+
+def _checksum(text: str) -> str:
+    found = re.findall(r"done: \d+ steps, parameter checksum (-?[0-9.]+)", text)
+    assert len(found) == 1, text[-4000:]
+    return found[0]
+
+
+def test_preemptible_training_survives_a_killed_worker(tmp_path: pathlib.Path) -> None:
+    script = str(EXAMPLES / "preemptible_training.py")
+    launch = [*accel_command(), "launch", "--cpu", "--num_processes", "2", "--max_restarts", "3"]
+    straight = run_command([*launch, script, "--project_dir", str(tmp_path / "straight")], timeout=300)
+    assert straight.returncode == 0, (straight.stdout + straight.stderr)[-4000:]
+    killed = run_command([*launch, script, "--project_dir", str(tmp_path / "killed"), "--kill_at", "25"], timeout=300)
+    text = killed.stdout + killed.stderr
+    assert killed.returncode == 0, text[-4000:]
+    assert "resumed at epoch 1, step 20" in text
+    assert _checksum(text) == _checksum(straight.stdout + straight.stderr)

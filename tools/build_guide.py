@@ -1,12 +1,16 @@
-"""Render the user guide (docs/*.md and every package README) to HTML beside the pdoc API reference.
+"""Build the documentation site (MkDocs, Material theme, mkdocstrings), quietly, and check it.
 
-    python tools/build_guide.py docs docs/_build
+    python tools/build_guide.py                 # build into build/site, then tools/check_site.py
+    python tools/build_guide.py --no-check      # build only
 
-Uses markdown2, the Markdown renderer pdoc itself depends on (the docs session installs both).
-A page containing the line ``<!-- cli-reference -->`` gets, in its place, the reference of every
-``accel`` sub-command generated from the real parser (so the reference cannot drift from the CLI).
-The attributes that ``tools/run_doc_examples.py`` reads on a code fence (``file=``,
-``processes=``, ``run-if=``) become a short caption above the block.
+The site's configuration is ``mkdocs.yml``; what it generates (API reference, CLI reference,
+Accelerate mapping, pictures) comes from ``tools/docs_hooks.py``. The build is strict: a warning
+(a broken link or cross-reference, a docstring that names an argument the signature lacks) fails it.
+MkDocs' own log is kept out of the way unless the build fails; the last line is a one-line summary.
+
+This module also holds the pieces the hooks share: the CLI reference generated from the real
+``accel`` parser (for the line ``<!-- cli-reference -->``), and the caption that the runner attributes
+of a code fence (``file=``, ``processes=``, ``run-if=``) become.
 """
 
 from __future__ import annotations
@@ -16,37 +20,17 @@ import html
 import os
 import pathlib
 import re
+import subprocess
 import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
 
 CLI_MARKER = "<!-- cli-reference -->"
-FENCE_WITH_ATTRIBUTES = re.compile(r"^(?P<fence>```+|~~~+)(?P<language>[\w+-]+)[ \t]+(?P<attributes>\S.*)$", re.M)
-
-#: Order of the guide's pages in the navigation; pages not listed follow, alphabetically.
-ORDER = [
-    "index",
-    "quicktour",
-    "migrating",
-    "launching",
-    "accumulation-precision",
-    "checkpoints",
-    "big-models",
-    "trackers",
-    "fsdp",
-    "deepspeed",
-    "nd-parallelism",
-    "quantization",
-    "faults",
-    "state",
-    "troubleshooting",
-    "compatibility",
-    "cli",
-    "architecture",
-]
-
-PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>{title}</title>
-<style>body{{max-width:60rem;margin:2rem auto;font-family:sans-serif;line-height:1.5}}pre{{background:#f4f4f4;padding:.8rem;overflow:auto}}
-table{{border-collapse:collapse}}td,th{{border:1px solid #ddd;padding:.2rem .5rem}}p.block{{margin:.8rem 0 -.6rem;font-size:.85rem;color:#555}}</style>
-</head><body><p><a href="index.html">guide</a> · <a href="api/index.html">API reference</a></p>{body}</body></html>"""
+FENCE_WITH_ATTRIBUTES = re.compile(
+    r"^(?P<fence> {0,12}(?:```+|~~~+))(?P<language>[\w+-]+)[ \t]+(?P<attributes>\S.*)$", re.M
+)
 
 
 def _caption(match: re.Match[str]) -> str:
@@ -61,16 +45,13 @@ def _caption(match: re.Match[str]) -> str:
         )
     if words.get("run-if"):
         notes.append(f"runs when <code>{html.escape(words['run-if'])}</code> is available")
-    caption = f'<p class="block">{"; ".join(notes)}</p>\n\n' if notes else ""
-    return f"{caption}{match.group('fence')}{match.group('language')}"
-
-
-def render(markdown_text: str) -> str:
-    """HTML of one Markdown page (fenced code, tables, header ids)."""
-    import markdown2  # installed with pdoc by the docs session
-
-    markdown_text = FENCE_WITH_ATTRIBUTES.sub(_caption, markdown_text)
-    return str(markdown2.markdown(markdown_text, extras=["fenced-code-blocks", "tables", "header-ids"]))
+    indent = match.group("fence")[: len(match.group("fence")) - len(match.group("fence").lstrip())]
+    caption = f'{indent}<p class="block">{"; ".join(notes)}</p>\n\n{indent}' if notes else ""
+    return (
+        f"{caption}{match.group('fence').lstrip()}{match.group('language')}"
+        if notes
+        else (f"{match.group('fence')}{match.group('language')}")
+    )
 
 
 def _subcommands(parser: argparse.ArgumentParser, prefix: str) -> list[tuple[str, argparse.ArgumentParser]]:
@@ -99,7 +80,7 @@ def cli_reference() -> str:
         help_text = parser.format_help().rstrip().replace("```", "` ` `")
         lines += [
             "",
-            f'<h2 id="{command.replace(" ", "-")}">{html.escape(command)}</h2>',
+            f"## {command} {{ #{command.replace(' ', '-')} }}",
             "",
             "```text",
             help_text,
@@ -108,44 +89,47 @@ def cli_reference() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _rank(name: str) -> tuple[int, str]:
-    return (ORDER.index(name) if name in ORDER else len(ORDER), name)
-
-
-def build(docs: pathlib.Path, out: pathlib.Path) -> list[pathlib.Path]:
-    """Write one HTML page per guide page and package README; returns the pages written."""
-    root = docs.parent
-    out.mkdir(parents=True, exist_ok=True)
-    guide = sorted(docs.glob("*.md"), key=lambda path: _rank(path.stem))
-    readmes = sorted((root / "packages").glob("*/README.md"))
-    written = []
-    guide_links, package_links = [], []
-    for source in guide + readmes:
-        name = source.stem if source.parent == docs else source.parent.name
-        target = out / f"{name}.html"
-        text = source.read_text()
-        if CLI_MARKER in text:
-            text = text.replace(CLI_MARKER, cli_reference())
-        title = next((line.lstrip("# ") for line in text.splitlines() if line.startswith("#")), name)
-        target.write_text(PAGE.format(title=html.escape(title), body=render(text)))
-        written.append(target)
-        if name != "index":
-            link = f'<li><a href="{name}.html">{html.escape(title)}</a></li>'
-            (guide_links if source.parent == docs else package_links).append(link)
-    index = out / "index.html"
-    intro = render((docs / "index.md").read_text()) if (docs / "index.md").exists() else ""
-    body = (
-        intro
-        + "<h2>Pages</h2><ul>"
-        + "".join(guide_links)
-        + "</ul><h2>The distributions</h2><ul>"
-        + "".join(package_links)
-        + '</ul><p><a href="api/index.html">API reference</a> (generated from the docstrings)</p>'
+def build(config: pathlib.Path = ROOT / "mkdocs.yml", check: bool = True) -> int:
+    """Build the site strictly; print MkDocs' log only on failure; then run the site check."""
+    start = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--clean", "-f", str(config)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "COLUMNS": "100", "DISABLE_MKDOCS_2_WARNING": "true", "NO_MKDOCS_2_WARNING": "1"},
     )
-    index.write_text(PAGE.format(title="accel user guide", body=body))
-    return written
+    seconds = time.perf_counter() - start
+    site = ROOT / "build" / "site"
+    if result.returncode != 0:
+        print(result.stdout[-20000:] + result.stderr[-20000:])
+        print(f"docs: site build FAILED after {seconds:.1f} s (warnings are errors; see above)")
+        return 1
+    pages = len(list(site.rglob("*.html")))
+    summary = f"site: {pages} pages in {site.relative_to(ROOT)} in {seconds:.1f} s"
+    if check:
+        import check_site
+
+        undocumented: list[str] = []
+        problems = check_site.check(site, undocumented)
+        for problem in problems:
+            print(f"site check: {problem}")
+        summary += f"; site check: {len(problems)} problem(s), {len(undocumented)} entries awaiting a docstring"
+        if problems:
+            print(f"docs: {summary}")
+            return 1
+    print(f"docs: {summary}; open {(site / 'index.html').relative_to(ROOT)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: build (and check) the site."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-check", action="store_true", help="build only, skip tools/check_site.py")
+    parser.add_argument("-f", "--config", type=pathlib.Path, default=ROOT / "mkdocs.yml")
+    args = parser.parse_args(argv)
+    return build(args.config, check=not args.no_check)
 
 
 if __name__ == "__main__":
-    pages = build(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]))
-    print(f"built {len(pages)} guide pages into {sys.argv[2]}")
+    sys.exit(main())

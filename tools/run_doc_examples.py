@@ -235,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("pages", nargs="*", type=pathlib.Path, help="Markdown files (default: docs/*.md)")
     parser.add_argument("--list", action="store_true", help="list the blocks and what would happen, run nothing")
     parser.add_argument("--keep", action="store_true", help="keep each page's scratch folder")
+    parser.add_argument("--quiet", action="store_true", help="print only failed and skipped blocks, and the summary")
     args = parser.parse_args(argv)
     pages = args.pages or sorted((ROOT / "docs").glob("*.md"))
     if args.list:
@@ -260,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             label = block.language + (f" x{block.attributes['processes']}" if "processes" in block.attributes else "")
             if outcome.status == "ran":
-                print(f"ok      {block.where:32} {label:9} {outcome.seconds:6.1f} s", flush=True)
+                if not args.quiet:
+                    print(f"ok      {block.where:32} {label:9} {outcome.seconds:6.1f} s", flush=True)
             elif outcome.status == "skipped":
                 print(f"skipped {block.where:32} {label:9} ({outcome.detail})", flush=True)
             else:

@@ -57,7 +57,27 @@ def ratio_line(label: str, value: float, baseline: float, unit: str = "s", goal:
     """One aligned line: label, value, baseline and their ratio (and the goal, if any)."""
     ratio = value / baseline if baseline else float("inf")
     goal_text = f"   goal {goal}" if goal else ""
+    record_result(label, value, baseline, ratio, unit, goal)
     return f"{label:<58} {value:10.4f} {unit} / {baseline:10.4f} {unit} = {ratio:6.3f}{goal_text}"
+
+
+def record_result(label: str, value: float, baseline: float, ratio: float, unit: str, goal: str) -> None:
+    """Append one ratio as a JSON line to the file ``ACCEL_BENCH_RESULTS`` names (the docs plot them)."""
+    target = os.environ.get("ACCEL_BENCH_RESULTS")
+    if not target:
+        return
+    record = {
+        "script": pathlib.Path(sys.argv[0]).stem,
+        "label": label,
+        "value": value,
+        "baseline": baseline,
+        "ratio": ratio if ratio != float("inf") else None,
+        "unit": unit,
+        "goal": goal,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    with open(target, "a", encoding="utf-8") as file:
+        file.write(json.dumps(record) + "\n")
 
 
 def this_python() -> str:

@@ -1,4 +1,4 @@
-"""The guide's tools: the code-block runner, the docstring check and the guide builder's fence captions."""
+"""The documentation tools: code-block runner, docstring ratchet, site hooks and checks, browser check."""
 
 from __future__ import annotations
 
@@ -15,8 +15,12 @@ TOOLS = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TOOLS))
 
 import build_guide  # noqa: E402
+import check_browser  # noqa: E402
 import check_docstrings  # noqa: E402
+import check_site  # noqa: E402
+import docs_hooks  # noqa: E402
 import run_doc_examples  # noqa: E402
+from docs_site import pictures  # noqa: E402
 
 
 def _page(tmp_path: pathlib.Path, text: str) -> pathlib.Path:
@@ -108,17 +112,52 @@ def test_a_block_that_runs_too_long_is_stopped(tmp_path: pathlib.Path) -> None:
     assert outcome.status == "failed" and "timed out after 1 s" in outcome.detail and outcome.seconds < 10
 
 
-def test_docstring_check_finds_names_without_their_own_docstring(monkeypatch: pytest.MonkeyPatch) -> None:
+def _fake_package(monkeypatch: pytest.MonkeyPatch) -> None:
     module = types.ModuleType("fake_package")
+    module.__name__ = "fake_package"
 
-    def documented() -> None:
-        """Has one."""
+    def documented(size: int, *, name: str = "x") -> None:
+        """Has one.
+
+        Args:
+            size: How many.
+            name (str): What it is called.
+        """
+
+    def half(size: int, colour: str) -> None:
+        """Documents one argument of two.
+
+        Args:
+            size: How many.
+
+        Returns:
+            Nothing.
+        """
 
     def bare() -> None:
         pass
 
     class Parent:
-        """Parent's text."""
+        """Parent's text.
+
+        Args:
+            width: How wide.
+        """
+
+        def __init__(self, width: int, _private: int = 0) -> None:
+            self.width = width
+
+        def method(self, value: int) -> int:
+            """Doubles.
+
+            Args:
+                value: The number.
+            """
+            return 2 * value
+
+        @property
+        def area(self) -> int:
+            return self.width
 
     class Child(Parent):
         pass
@@ -128,25 +167,78 @@ def test_docstring_check_finds_names_without_their_own_docstring(monkeypatch: py
 
     @dataclasses.dataclass
     class Options:
-        size: int = 1
+        """Options.
 
-    module.documented, module.bare, module.Child, module.Colour, module.Options = (
-        documented,
-        bare,
-        Child,
-        Colour,
-        Options,
-    )
+        Attributes:
+            size: How many.
+        """
+
+        size: int = 1
+        depth: int = 2
+
+    for value in (documented, half, bare, Parent, Child, Colour, Options):
+        value.__module__ = "fake_package"
+        setattr(module, value.__name__, value)
+    Parent.method.__module__ = Parent.area.fget.__module__ = Parent.__init__.__module__ = "fake_package"
+    Options.__init__.__module__ = "fake_package"
     module.CONSTANT = 3
-    module.__all__ = ["documented", "bare", "Child", "Colour", "Options", "CONSTANT"]
+    module.__all__ = ["documented", "half", "bare", "Parent", "Child", "Colour", "Options", "CONSTANT"]
     monkeypatch.setitem(sys.modules, "fake_package", module)
-    assert check_docstrings.undocumented("fake_package") == [
-        "fake_package.bare",
-        "fake_package.Child",
-        "fake_package.Colour",
-        "fake_package.Options",
-    ]
-    assert check_docstrings.main(["fake_package"]) == 1
+    monkeypatch.setitem(check_docstrings.DISTRIBUTIONS, "fake_package", "fake")
+
+
+def test_docstring_check_counts_members_and_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_package(monkeypatch)
+    members, broken = check_docstrings.collect(("fake_package",))
+    by_path = {m.path.removeprefix("fake_package."): m for m in members}
+    assert broken == []
+    # Child is its own public class without a docstring; Parent's members are counted once, under Parent
+    assert set(by_path) == {
+        "documented",
+        "half",
+        "bare",
+        "Parent",
+        "Parent.method",
+        "Parent.area",
+        "Child",
+        "Colour",
+        "Options",
+    }
+    assert by_path["documented"].undocumented_arguments == []
+    assert by_path["half"].undocumented_arguments == ["colour"]
+    assert by_path["Parent"].arguments == ["width"] and by_path["Parent"].undocumented_arguments == []
+    assert by_path["Options"].undocumented_arguments == ["depth"]
+    assert [name for name, m in by_path.items() if not m.has_docstring] == ["bare", "Parent.area", "Child", "Colour"]
+    row = check_docstrings.figures(members)["fake"]
+    assert row == {"members": 9, "documented_members": 5, "arguments": 8, "documented_arguments": 6}
+
+
+def test_docstring_ratchet_fails_only_on_new_gaps(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
+    _fake_package(monkeypatch)
+    monkeypatch.setattr(check_docstrings, "ROOTS", ("fake_package",))
+    monkeypatch.setattr(check_docstrings, "DISTRIBUTIONS", {"fake_package": "fake"})
+    baseline = tmp_path / "baseline.json"
+    assert check_docstrings.main(["--baseline", str(baseline), "--update-baseline"]) == 0
+    assert check_docstrings.main(["--baseline", str(baseline)]) == 0
+    baseline.write_text(baseline.read_text().replace('"undocumented_arguments": 2', '"undocumented_arguments": 1'))
+    assert check_docstrings.main(["--baseline", str(baseline)]) == 1  # one gap more than allowed
+    worse, better = check_docstrings.compare({"d": {"x": 1}}, {"d": {"x": 3}})
+    assert worse == [] and better == ["d: 1 x (baseline 3)"]
+
+
+def test_google_sections_are_parsed_at_their_own_indentation() -> None:
+    doc = """Summary.
+
+    Args:
+        first (int): One.
+            continued: not an argument.
+        *args: Extra.
+        **kwargs: More.
+
+    Returns:
+        value: not an argument either.
+    """
+    assert check_docstrings.documented_names(doc) == {"first", "args", "kwargs"}
 
 
 def test_guide_builder_turns_runner_attributes_into_a_caption() -> None:
@@ -155,3 +247,77 @@ def test_guide_builder_turns_runner_attributes_into_a_caption() -> None:
     assert out.startswith('<p class="block">runs on 2 processes')
     assert "runs when <code>accel_train.strategies.fsdp</code> is available" in out
     assert "\n\n```python\nx\n```" in out
+    indented = "1. step\n\n    ```bash file=run.sh\n    echo\n    ```\n"
+    assert (
+        '    <p class="block">file <code>run.sh</code></p>\n\n    ```bash\n'
+        in build_guide.FENCE_WITH_ATTRIBUTES.sub(build_guide._caption, indented)
+    )
+
+
+def test_inline_code_links_to_the_reference_outside_code_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(docs_hooks, "_link_targets", lambda: {"save_state": "pkg.A.save_state", "accel.X": "pkg.X"})
+    text = "Call `save_state()` or `accel.X`, not `other`.\n# `save_state` heading\n```python\n`save_state`\n```\n[`save_state`](x.md)\n"
+    out = docs_hooks.link_inline_code(text)
+    assert out.splitlines()[0] == "Call [`save_state()`][pkg.A.save_state] or [`accel.X`][pkg.X], not `other`."
+    assert out.splitlines()[1:] == text.splitlines()[1:]
+
+
+def test_nav_gets_the_pages_it_does_not_list(tmp_path: pathlib.Path) -> None:
+    for name in ("index.md", "a.md", "new-page.md"):
+        (tmp_path / name).write_text("# t\n")
+    config = {"docs_dir": str(tmp_path), "nav": [{"Home": "index.md"}, {"Guide": ["a.md"]}, {"Reference": ["r.md"]}]}
+    assert docs_hooks.on_config(config)["nav"][1] == {"Guide": ["a.md", "new-page.md"]}
+
+
+def test_site_check_reads_entries_and_their_descriptions() -> None:
+    parser = check_site._Entries()
+    parser.feed(
+        '<div class="doc"><h2 id="p.f" class="doc-heading">f</h2><div class="doc-contents"><p>Does it.</p></div></div>'
+        '<div class="doc"><h3 id="p.g" class="doc-heading">g</h3><div class="doc-contents"> </div></div>'
+    )
+    assert {"p.f", "p.g"} <= parser.ids
+    assert parser.descriptions["p.f"].strip() == "Does it." and not parser.descriptions["p.g"].strip()
+
+
+def test_layer_diagram_follows_the_pyproject_dependencies(tmp_path: pathlib.Path) -> None:
+    for name, deps in (("accel-a", []), ("accel-b", ["accel-a>=0.1"]), ("accel-c", ["accel-b", "torch"])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "pyproject.toml").write_text(f"[project]\nname = {name!r}\ndependencies = {deps!r}\n")
+    svg = pictures.layers_svg(tmp_path)
+    assert svg.startswith("<svg") and svg.count("<rect") == 3 and svg.count("<line") == 2
+    assert pictures._layers(pictures._requires(tmp_path)) == {"accel-a": 0, "accel-b": 1, "accel-c": 2}
+
+
+def test_benchmark_section_says_so_when_there_are_no_results(tmp_path: pathlib.Path) -> None:
+    text, files = pictures.benchmark_files(tmp_path / "none.jsonl")
+    assert "No benchmark results" in text and files == {}
+    results = tmp_path / "r.jsonl"
+    results.write_text(
+        '{"script": "s", "label": "accel vs plain", "ratio": 1.5}\n{"script": "s", "label": "accel vs plain", "ratio": 0.9}\n'
+        '{"script": "s", "label": "zero", "ratio": null}\n'
+    )
+    assert [r["ratio"] for r in pictures.read_results(results)] == [0.9]  # the latest record of a label
+
+
+def test_browser_check_finds_marks_in_a_real_page(tmp_path: pathlib.Path) -> None:
+    browser = check_browser.find_browser()
+    if browser is None:
+        pytest.skip("no chromium installed (apt-get install -y chromium)")
+    (tmp_path / "index.html").write_text(
+        '<html><body><nav class="md-nav md-nav--primary">x</nav><script>document.body.insertAdjacentHTML('
+        '"beforeend", \'<input class="md-search__input">\')</script>' + "<p>text</p>" * 200 + "</body></html>"
+    )
+    with check_browser.serve(tmp_path) as base:
+        marks = {"sidebar": 'class="md-nav md-nav--primary"', "search box": 'class="md-search__input"'}
+        assert check_browser.check_page(browser, base + "index.html", marks, tmp_path / "shot.png") == []
+        missing = check_browser.check_page(browser, base + "index.html", {"x": "no-such-mark"}, tmp_path / "b.png")
+    assert missing and "no x" in missing[0]
+    assert (tmp_path / "shot.png").stat().st_size > 5000
+
+
+def test_old_html_links_point_at_the_markdown_pages(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "launching.md").write_text("# t\n")
+    text = "See [launching](launching.html#flags), [data](accel-data.html) and [x](nowhere.html)."
+    assert docs_hooks.md_links(text, tmp_path) == (
+        "See [launching](launching.md#flags), [data](packages/accel-data.md) and [x](nowhere.html)."
+    )

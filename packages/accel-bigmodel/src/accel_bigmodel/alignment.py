@@ -13,7 +13,11 @@ from accel_bigmodel.tensors import set_module_tensor_to_device
 
 
 def has_offloaded_params(module: nn.Module) -> bool:
-    """Whether ``module`` has an :class:`AlignDevicesHook` that offloads its weights."""
+    """Whether ``module`` has an :class:`AlignDevicesHook` that offloads its weights.
+
+    Args:
+        module: The module.
+    """
     hook = getattr(module, "_hf_hook", None)
     hooks = hook.hooks if isinstance(hook, SequentialHook) else (hook,)
     return any(isinstance(h, AlignDevicesHook) and h.offload for h in hooks)
@@ -21,7 +25,13 @@ def has_offloaded_params(module: nn.Module) -> bool:
 
 @contextlib.contextmanager
 def align_module_device(module: nn.Module, execution_device: int | str | torch.device | None = None) -> Iterator[None]:
-    """Within the block, ``module``'s weights are materialised (offloaded ones) or on ``execution_device``."""
+    """Within the block, ``module``'s weights are materialised (offloaded ones) or on ``execution_device``.
+
+    Args:
+        module: The module.
+        execution_device: The device the forward runs on (weights and inputs are brought there); `None` uses
+            the model's first device / the current accelerator.
+    """
     if has_offloaded_params(module):
         hook = _any(module)._hf_hook
         hooks = hook.hooks if isinstance(hook, SequentialHook) else (hook,)

@@ -58,7 +58,17 @@ def cpu_offload(
     state_dict: dict[str, torch.Tensor] | None = None,
     preload_module_classes: list[str] | None = None,
 ) -> nn.Module:
-    """Keep one copy of the weights on the CPU; each layer's weights go to ``execution_device`` only for its forward."""
+    """Keep one copy of the weights on the CPU; each layer's weights go to ``execution_device`` only for its forward.
+
+    Args:
+        model: The model (an `nn.Module`).
+        execution_device: The device the forward runs on (weights and inputs are brought there); `None` uses
+            the model's first device / the current accelerator.
+        offload_buffers: Offload the buffers with the weights (else buffers stay on the execution device).
+        state_dict: A state dict (name -> tensor).
+        preload_module_classes: Class names of modules whose weights are all loaded at the start of their
+            forward (for modules that use their submodules' weights directly).
+    """
     if execution_device is None:
         execution_device = _first_device(model)
     if state_dict is None:
@@ -84,6 +94,13 @@ def cpu_offload_with_hook(
     """Move the whole model to ``execution_device`` at its first forward and keep it there until ``hook.offload()``.
 
     Chain models with ``prev_module_hook``: running this model offloads the previous one.
+
+    Args:
+        model: The model (an `nn.Module`).
+        execution_device: The device the forward runs on (weights and inputs are brought there); `None` uses
+            the model's first device / the current accelerator.
+        prev_module_hook: The hook of the model that runs before this one; it offloads that model when this
+            one runs.
     """
     hook = CpuOffload(execution_device=execution_device, prev_module_hook=prev_module_hook)
     add_hook_to_module(model, hook, append=True)
@@ -97,7 +114,17 @@ def disk_offload(
     offload_buffers: bool = False,
     preload_module_classes: list[str] | None = None,
 ) -> nn.Module:
-    """Write the weights to ``offload_dir`` (unless it already holds them) and read each layer's weights for its forward."""
+    """Write the weights to ``offload_dir`` (unless it already holds them) and read each layer's weights for its forward.
+
+    Args:
+        model: The model (an `nn.Module`).
+        offload_dir: Folder of the offloaded weights.
+        execution_device: The device the forward runs on (weights and inputs are brought there); `None` uses
+            the model's first device / the current accelerator.
+        offload_buffers: Offload the buffers with the weights (else buffers stay on the execution device).
+        preload_module_classes: Class names of modules whose weights are all loaded at the start of their
+            forward (for modules that use their submodules' weights directly).
+    """
     if not os.path.isdir(offload_dir) or not os.path.isfile(os.path.join(offload_dir, INDEX_NAME)):
         offload_state_dict(offload_dir, model.state_dict())
     if execution_device is None:
@@ -138,7 +165,22 @@ def dispatch_model(
     preload_module_classes: list[str] | None = None,
     force_hooks: bool = False,
 ) -> nn.Module:
-    """Place the model following ``device_map`` and add the hooks that make its forward work across devices."""
+    """Place the model following ``device_map`` and add the hooks that make its forward work across devices.
+
+    Args:
+        model: The model (an `nn.Module`).
+        device_map: Module name -> device (`"cpu"`, `"disk"`, an index or a `torch.device`); `""` names the
+            whole model.
+        main_device: The device of the main (first) part of the model.
+        state_dict: A state dict (name -> tensor).
+        offload_dir: Folder of the offloaded weights.
+        offload_index: Index of the weights already offloaded to `offload_dir`.
+        offload_buffers: Offload the buffers with the weights (else buffers stay on the execution device).
+        skip_keys: Keys of dict inputs and outputs that are not moved between devices.
+        preload_module_classes: Class names of modules whose weights are all loaded at the start of their
+            forward (for modules that use their submodules' weights directly).
+        force_hooks: Add the device-alignment hooks even when the whole model is on one device.
+    """
     check_device_map(model, device_map)
     device_map = {k: _normalize_device(v) for k, v in device_map.items()}
     values = set(device_map.values())
@@ -244,6 +286,28 @@ def load_checkpoint_and_dispatch(
     """Load ``checkpoint`` into ``model`` (usually built under ``init_empty_weights``) and dispatch it.
 
     ``device_map`` is a dict or one of "auto", "balanced", "balanced_low_0", "sequential".
+
+    Args:
+        model: The model (an `nn.Module`).
+        checkpoint: A checkpoint file, a folder holding one, or the index file of a sharded checkpoint.
+        device_map: Module name -> device (`"cpu"`, `"disk"`, an index or a `torch.device`); `""` names the
+            whole model.
+        max_memory: Device -> memory budget (an int of bytes or text such as `"10GiB"`); `None` uses what is
+            free.
+        no_split_module_classes: Class names of modules that must stay whole on one device (for example a
+            transformer block).
+        offload_folder: Folder the weights mapped to `"disk"` are written to.
+        offload_buffers: Offload the buffers with the weights (else buffers stay on the execution device).
+        dtype: The dtype the weights will have (sizes are computed and weights converted with it); `None`
+            keeps each tensor's own.
+        offload_state_dict: Offload the CPU part of the weights to disk while loading, to limit peak memory.
+        skip_keys: Keys of dict inputs and outputs that are not moved between devices.
+        preload_module_classes: Class names of modules whose weights are all loaded at the start of their
+            forward (for modules that use their submodules' weights directly).
+        force_hooks: Add the device-alignment hooks even when the whole model is on one device.
+        strict: Raise when the checkpoint and the model do not have the same weights (else warn).
+        full_state_dict: The checkpoint holds the full (unsharded) weights.
+        broadcast_from_rank0: Read the checkpoint on process 0 only and broadcast the weights to the others.
     """
     if isinstance(device_map, str):
         strategy: str = device_map
@@ -308,6 +372,14 @@ def attach_layerwise_casting_hooks(
 
     A module whose name matches ``skip_modules_pattern`` (regular expressions, searched in the dotted
     name) or whose class is in ``skip_modules_classes`` is left as it is, with everything inside it.
+
+    Args:
+        module: The module.
+        storage_dtype: The dtype weights are stored in (for example `torch.float8_e4m3fn`).
+        compute_dtype: The dtype weights are cast to for the forward.
+        skip_modules_pattern: Regular expressions of module names left as they are.
+        skip_modules_classes: Module classes left as they are.
+        non_blocking: Copy asynchronously where the device allows it.
     """
     from accel_state.constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 

@@ -131,7 +131,12 @@ def describe(files: list[str]) -> tuple[dict[str, tuple[tuple[int, ...], torch.d
 def load_state_dict(
     checkpoint_file: str | os.PathLike[str], device_map: dict[str, Any] | None = None
 ) -> dict[str, torch.Tensor]:
-    """The state dict in one checkpoint file, on CPU (or on the devices ``device_map`` gives; disk stays on CPU)."""
+    """The state dict in one checkpoint file, on CPU (or on the devices ``device_map`` gives; disk stays on CPU).
+
+    Args:
+        checkpoint_file: A `.safetensors` or `.bin` file.
+        device_map: Where each weight goes; `None` loads all on the CPU.
+    """
     path = os.fspath(checkpoint_file)
     if not is_safetensors(path):
         return load_bin(path)

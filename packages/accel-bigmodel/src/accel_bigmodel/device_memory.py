@@ -51,6 +51,9 @@ def get_max_memory(max_memory: Mapping[Any, int | float | str] | None = None) ->
 
     As documented, a ``max_memory`` dict given here is also converted in place (sizes like "10GiB" and
     fractional byte counts become ints), since callers read it back after the call.
+
+    Args:
+        max_memory: Budgets to validate and convert to bytes; `None` measures free memory.
     """
     if max_memory is None:
         result = _accelerator_free()

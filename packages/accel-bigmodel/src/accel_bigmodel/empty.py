@@ -19,6 +19,10 @@ def init_empty_weights(include_buffers: bool | None = None) -> Iterator[None]:
     """Create models on the meta device: no memory used, no time spent initialising weights.
 
     Buffers stay on the CPU unless ``include_buffers`` (default: env ``ACCELERATE_INIT_INCLUDE_BUFFERS``).
+
+    Args:
+        include_buffers: Also create the buffers on the meta device; `None` reads `ACCELERATE_INIT_INCLUDE_BUFFERS`
+            (else `False`).
     """
     if include_buffers is None:
         include_buffers = parse_flag_from_env("ACCELERATE_INIT_INCLUDE_BUFFERS", False)
@@ -28,7 +32,13 @@ def init_empty_weights(include_buffers: bool | None = None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def init_on_device(device: torch.device | str | int, include_buffers: bool | None = None) -> Iterator[None]:
-    """Put every parameter (and buffer when ``include_buffers``) registered inside on ``device``."""
+    """Put every parameter (and buffer when ``include_buffers``) registered inside on ``device``.
+
+    Args:
+        device: The device parameters are created on.
+        include_buffers: Also put the buffers on `device`; `None` reads `ACCELERATE_INIT_INCLUDE_BUFFERS` (else
+            `False`).
+    """
     if include_buffers is None:
         include_buffers = parse_flag_from_env("ACCELERATE_INIT_INCLUDE_BUFFERS", False)
     device = torch.device(device)

@@ -31,7 +31,12 @@ class EstimateRow(NamedTuple):
 
 
 def estimate_memory(model: nn.Module, dtypes: list[str] | tuple[str, ...] = ALL_DTYPES) -> list[EstimateRow]:
-    """Largest layer, total size and Adam training estimate of ``model`` for each dtype (sizes from float32)."""
+    """Largest layer, total size and Adam training estimate of ``model`` for each dtype (sizes from float32).
+
+    Args:
+        model: The model (an `nn.Module`).
+        dtypes: The dtypes to estimate for (`float32`, `float16`, `int8`, `int4`, ...).
+    """
     unknown = [d for d in dtypes if d not in DTYPE_DIVISORS]
     if unknown:
         raise ValueError(f"Unknown dtypes {unknown}: choose among {list(DTYPE_DIVISORS)}.")
@@ -55,7 +60,11 @@ def _model_element_size(model: nn.Module) -> int:
 
 
 def convert_bytes(size: float) -> str:
-    """'413.18 MB' style text (powers of 1024, as the documented tables show)."""
+    """'413.18 MB' style text (powers of 1024, as the documented tables show).
+
+    Args:
+        size: Number of bytes.
+    """
     for unit in ("bytes", "KB", "MB", "GB", "TB"):
         if size < 1024 or unit == "TB":
             return f"{round(size, 2)} {unit}"
@@ -101,6 +110,12 @@ def create_empty_model(
 
     ``model_name`` is a Hub id, a local folder or ``config.json`` (transformers), a timm name, or
     ``package.module:factory`` (any importable callable returning a module).
+
+    Args:
+        model_name: A Hub id, a local folder or `config.json` (transformers), or a timm model name.
+        library_name: `transformers` or `timm`; `None` guesses from the name.
+        trust_remote_code: Allow the model's own code from its repository to run (transformers).
+        access_token: Token for a gated or private repository.
     """
     if ":" in model_name and not os.path.exists(model_name) and library_name in (None, "torch"):
         module_name, _, attr = model_name.partition(":")

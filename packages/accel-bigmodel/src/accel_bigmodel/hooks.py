@@ -37,50 +37,97 @@ class ModelHook:
     no_grad = False
 
     def init_hook(self, module: nn.Module) -> nn.Module:
-        """Called when the hook is attached."""
+        """Called when the hook is attached.
+
+        Args:
+            module: The module.
+        """
         return module
 
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Called before the forward with its arguments; returns the arguments to use."""
+        """Called before the forward with its arguments; returns the arguments to use.
+
+        Args:
+            module: The module.
+            *args: The positional inputs of the forward.
+            **kwargs: The keyword inputs of the forward.
+        """
         return args, kwargs
 
     def post_forward(self, module: nn.Module, output: Any) -> Any:
-        """Called after the forward with its output; returns the output to use."""
+        """Called after the forward with its output; returns the output to use.
+
+        Args:
+            module: The module.
+            output: The output of the forward.
+        """
         return output
 
     def detach_hook(self, module: nn.Module) -> nn.Module:
-        """Called when the hook is removed."""
+        """Called when the hook is removed.
+
+        Args:
+            module: The module.
+        """
         return module
 
 
 class SequentialHook(ModelHook):
-    """Several hooks run in order (post_forward in the same order)."""
+    """Several hooks run in order (post_forward in the same order).
+
+    Args:
+        hooks: The hooks, in the order they run.
+    """
 
     def __init__(self, *hooks: ModelHook):
         self.hooks = hooks
 
     def init_hook(self, module: nn.Module) -> nn.Module:
+        """Run `init_hook` of each hook in order.
+
+        Args:
+            module: The module.
+        """
         for hook in self.hooks:
             module = hook.init_hook(module)
         return module
 
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Run `pre_forward` of each hook in order, each on the previous one's result.
+
+        Args:
+            module: The module.
+            *args: The positional inputs of the forward.
+            **kwargs: The keyword inputs of the forward.
+        """
         for hook in self.hooks:
             args, kwargs = hook.pre_forward(module, *args, **kwargs)
         return args, kwargs
 
     def post_forward(self, module: nn.Module, output: Any) -> Any:
+        """Run `post_forward` of each hook in order, each on the previous one's result.
+
+        Args:
+            module: The module.
+            output: The output of the forward.
+        """
         for hook in self.hooks:
             output = hook.post_forward(module, output)
         return output
 
     def detach_hook(self, module: nn.Module) -> nn.Module:
+        """Run `detach_hook` of each hook in order.
+
+        Args:
+            module: The module.
+        """
         for hook in self.hooks:
             module = hook.detach_hook(module)
         return module
 
     @property
     def no_grad(self) -> bool:  # type: ignore[override]
+        """True when any of the hooks runs its forward without gradients."""
         return any(h.no_grad for h in self.hooks)
 
 
@@ -96,7 +143,13 @@ def _hooked_forward(module: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def add_hook_to_module(module: nn.Module, hook: ModelHook, append: bool = False) -> nn.Module:
-    """Attach ``hook`` to ``module`` (replacing any hook, or chaining after it with ``append=True``)."""
+    """Attach ``hook`` to ``module`` (replacing any hook, or chaining after it with ``append=True``).
+
+    Args:
+        module: The module.
+        hook: The hook to attach.
+        append: Chain after an existing hook instead of replacing it.
+    """
     mod: Any = module
     if append and getattr(mod, "_hf_hook", None) is not None:
         previous = mod._hf_hook
@@ -118,7 +171,12 @@ def add_hook_to_module(module: nn.Module, hook: ModelHook, append: bool = False)
 
 
 def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Module:
-    """Detach the hook of ``module`` (and of its submodules with ``recurse``) and restore its forward."""
+    """Detach the hook of ``module`` (and of its submodules with ``recurse``) and restore its forward.
+
+    Args:
+        module: The module.
+        recurse: Also go through the submodules.
+    """
     mod: Any = module
     if hasattr(mod, "_hf_hook"):
         mod._hf_hook.detach_hook(mod)
@@ -142,7 +200,11 @@ def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Modu
 
 
 def remove_hook_from_submodules(module: nn.Module) -> None:
-    """Remove the hooks of ``module`` and every submodule."""
+    """Remove the hooks of ``module`` and every submodule.
+
+    Args:
+        module: The module.
+    """
     remove_hook_from_module(module)
     for child in module.children():
         remove_hook_from_submodules(child)
@@ -185,6 +247,19 @@ class AlignDevicesHook(ModelHook):
     With ``offload`` the weights live in ``weights_map`` (CPU tensors, or a loader reading from disk)
     and the module holds meta placeholders between forwards. ``io_same_device`` sends the output back
     to the device of the input; ``place_submodules`` covers the submodules' tensors too.
+
+    Args:
+        execution_device: The device the forward runs on (weights and inputs are brought there); `None` uses
+            the model's first device / the current accelerator.
+        offload: Keep the weights off the execution device, bringing them there only for the forward.
+        io_same_device: Move the outputs back to the device the inputs came from.
+        weights_map: Mapping name -> tensor the offloaded weights are read from (for example an
+            `OffloadedWeightsLoader`).
+        offload_buffers: Offload the buffers with the weights (else buffers stay on the execution device).
+        place_submodules: Also place the weights of the submodules.
+        skip_keys: Keys of dict inputs and outputs that are not moved between devices.
+        tied_params_map: Shared cache of tied weights already moved to the execution device (data pointer ->
+            device -> tensor), so a tied weight is moved once.
     """
 
     def __init__(
@@ -225,6 +300,11 @@ class AlignDevicesHook(ModelHook):
         )
 
     def init_hook(self, module: nn.Module) -> nn.Module:
+        """Place the module's weights: on the execution device, or on meta when offloaded.
+
+        Args:
+            module: The module.
+        """
         self._device = _device(self.execution_device)
         if self._device is not None and self._device.type == "meta":
             self.tied_params_map = None
@@ -312,7 +392,11 @@ class AlignDevicesHook(ModelHook):
         return plan
 
     def finish(self, raw: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Move CPU tensors read for this module's slots to the execution device, in the model's dtypes, as parameters."""
+        """Move CPU tensors read for this module's slots to the execution device, in the model's dtypes, as parameters.
+
+        Args:
+            raw: Slot name -> the CPU tensor read for it.
+        """
         device = self._device
         values = []
         for slot, value in zip(self._slots, raw):
@@ -330,6 +414,13 @@ class AlignDevicesHook(ModelHook):
         return values
 
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Bring the weights (when offloaded) and the inputs to the execution device.
+
+        Args:
+            module: The module.
+            *args: The positional inputs of the forward.
+            **kwargs: The keyword inputs of the forward.
+        """
         if self.io_same_device:
             self.input_device = find_device([args, kwargs])
         if self.offload and self._slots:
@@ -352,6 +443,12 @@ class AlignDevicesHook(ModelHook):
         return _send(args, device, None), (_send(kwargs, device, self.skip_keys) if kwargs else kwargs)
 
     def post_forward(self, module: nn.Module, output: Any) -> Any:
+        """Release offloaded weights again, and move the outputs back to the inputs' device when asked.
+
+        Args:
+            module: The module.
+            output: The output of the forward.
+        """
         if self.offload:
             for slot in self._slots:
                 if slot.is_param:
@@ -363,6 +460,11 @@ class AlignDevicesHook(ModelHook):
         return output
 
     def detach_hook(self, module: nn.Module) -> nn.Module:
+        """Put offloaded weights back in place as real tensors.
+
+        Args:
+            module: The module.
+        """
         if self.offload and self.weights_map is not None:
             originals = {**self.buffer_original_devices, **self.param_original_devices}
             for name, device in originals.items():
@@ -406,7 +508,18 @@ def attach_execution_device_hook(
     preload_module_classes: list[str] | None = None,
     tied_params_map: dict[int, dict[Any, torch.Tensor]] | None = None,
 ) -> None:
-    """Add a hook moving inputs to ``execution_device`` on every submodule holding tensors (without one)."""
+    """Add a hook moving inputs to ``execution_device`` on every submodule holding tensors (without one).
+
+    Args:
+        module: The module.
+        execution_device: The device the forward runs on (weights and inputs are brought there); `None` uses
+            the model's first device / the current accelerator.
+        skip_keys: Keys of dict inputs and outputs that are not moved between devices.
+        preload_module_classes: Class names of modules whose weights are all loaded at the start of their
+            forward (for modules that use their submodules' weights directly).
+        tied_params_map: Shared cache of tied weights already moved to the execution device (data pointer ->
+            device -> tensor), so a tied weight is moved once.
+    """
     with_tensors = _modules_with_tensors(module)
     preload = set(preload_module_classes or [])
     stack: list[tuple[str, nn.Module]] = [("", module)]
@@ -433,7 +546,23 @@ def attach_align_device_hook(
     preload_module_classes: list[str] | None = None,
     tied_params_map: dict[int, dict[Any, torch.Tensor]] | None = None,
 ) -> None:
-    """Add an :class:`AlignDevicesHook` to every submodule with direct weights (whole ``preload_module_classes`` blocks at once)."""
+    """Add an :class:`AlignDevicesHook` to every submodule with direct weights (whole ``preload_module_classes`` blocks at once).
+
+    Args:
+        module: The module.
+        execution_device: The device the forward runs on (weights and inputs are brought there); `None` uses
+            the model's first device / the current accelerator.
+        offload: Keep the weights off the execution device, bringing them there only for the forward.
+        weights_map: Mapping name -> tensor the offloaded weights are read from (for example an
+            `OffloadedWeightsLoader`).
+        offload_buffers: Offload the buffers with the weights (else buffers stay on the execution device).
+        module_name: Name of `module` in the model (the prefix of its weights' names).
+        skip_keys: Keys of dict inputs and outputs that are not moved between devices.
+        preload_module_classes: Class names of modules whose weights are all loaded at the start of their
+            forward (for modules that use their submodules' weights directly).
+        tied_params_map: Shared cache of tied weights already moved to the execution device (data pointer ->
+            device -> tensor), so a tied weight is moved once.
+    """
     preload = set(preload_module_classes or [])
     stack: list[tuple[str, nn.Module]] = [(module_name, module)]
     while stack:
@@ -469,7 +598,23 @@ def attach_align_device_hook_on_blocks(
     preload_module_classes: list[str] | None = None,
     tied_params_map: dict[int, dict[Any, torch.Tensor]] | None = None,
 ) -> None:
-    """Attach hooks block by block, following per-block ``execution_device`` and ``offload`` maps."""
+    """Attach hooks block by block, following per-block ``execution_device`` and ``offload`` maps.
+
+    Args:
+        module: The module.
+        execution_device: The device the forward runs on (weights and inputs are brought there); `None` uses
+            the model's first device / the current accelerator.
+        offload: Keep the weights off the execution device, bringing them there only for the forward.
+        weights_map: Mapping name -> tensor the offloaded weights are read from (for example an
+            `OffloadedWeightsLoader`).
+        offload_buffers: Offload the buffers with the weights (else buffers stay on the execution device).
+        module_name: Name of `module` in the model (the prefix of its weights' names).
+        skip_keys: Keys of dict inputs and outputs that are not moved between devices.
+        preload_module_classes: Class names of modules whose weights are all loaded at the start of their
+            forward (for modules that use their submodules' weights directly).
+        tied_params_map: Shared cache of tied weights already moved to the execution device (data pointer ->
+            device -> tensor), so a tied weight is moved once.
+    """
     if not isinstance(execution_device, Mapping) and not isinstance(offload, Mapping):
         if not offload:
             add_hook_to_module(
@@ -553,7 +698,14 @@ def attach_align_device_hook_on_blocks(
 
 
 class CpuOffload(ModelHook):
-    """Keep a whole model on the CPU and move it to ``execution_device`` for its forward (it stays there until offloaded)."""
+    """Keep a whole model on the CPU and move it to ``execution_device`` for its forward (it stays there until offloaded).
+
+    Args:
+        execution_device: The device the forward runs on (weights and inputs are brought there); `None` uses
+            the model's first device / the current accelerator.
+        prev_module_hook: The hook of the model that runs before this one; it offloads that model when this
+            one runs.
+    """
 
     def __init__(
         self,
@@ -568,9 +720,21 @@ class CpuOffload(ModelHook):
         self.execution_device = _device(execution_device)
 
     def init_hook(self, module: nn.Module) -> nn.Module:
+        """Move the module to the CPU.
+
+        Args:
+            module: The module.
+        """
         return module.to("cpu")
 
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Offload the previous model (if any), move this one to the execution device, and its inputs too.
+
+        Args:
+            module: The module.
+            *args: The positional inputs of the forward.
+            **kwargs: The keyword inputs of the forward.
+        """
         if self.prev_module_hook is not None:
             self.prev_module_hook.offload()
             from accel_state.memory import clear_device_cache
@@ -581,21 +745,34 @@ class CpuOffload(ModelHook):
 
 
 class UserCpuOffloadHook:
-    """Handle returned by ``cpu_offload_with_hook``: ``offload()`` sends the model back to the CPU, ``remove()`` drops the hook."""
+    """Handle returned by ``cpu_offload_with_hook``: ``offload()`` sends the model back to the CPU, ``remove()`` drops the hook.
+
+    Args:
+        model: The model the hook is attached to.
+        hook: The `CpuOffload` hook.
+    """
 
     def __init__(self, model: nn.Module, hook: ModelHook):
         self.model = model
         self.hook = hook
 
     def offload(self) -> None:
+        """Send the model back to the CPU."""
         self.hook.init_hook(self.model)
 
     def remove(self) -> None:
+        """Remove the hook from the model."""
         remove_hook_from_module(self.model)
 
 
 class LayerwiseCastingHook(ModelHook):
-    """Store a layer's weights in ``storage_dtype`` and cast them to ``compute_dtype`` only for its forward."""
+    """Store a layer's weights in ``storage_dtype`` and cast them to ``compute_dtype`` only for its forward.
+
+    Args:
+        storage_dtype: The dtype weights are stored in.
+        compute_dtype: The dtype weights are cast to for the forward.
+        non_blocking: Copy asynchronously where the device allows it.
+    """
 
     _is_stateful = False
 
@@ -605,12 +782,30 @@ class LayerwiseCastingHook(ModelHook):
         self.non_blocking = non_blocking
 
     def init_hook(self, module: nn.Module) -> nn.Module:
+        """Cast the layer's weights to the storage dtype.
+
+        Args:
+            module: The module.
+        """
         return module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
 
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Cast the weights to the compute dtype for the forward.
+
+        Args:
+            module: The module.
+            *args: The positional inputs of the forward.
+            **kwargs: The keyword inputs of the forward.
+        """
         module.to(dtype=self.compute_dtype, non_blocking=self.non_blocking)
         return args, kwargs
 
     def post_forward(self, module: nn.Module, output: Any) -> Any:
+        """Cast the weights back to the storage dtype.
+
+        Args:
+            module: The module.
+            output: The output of the forward.
+        """
         module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
         return output

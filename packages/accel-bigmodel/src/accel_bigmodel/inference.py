@@ -119,6 +119,16 @@ def prepare_pippy(
 
     ``example_args``/``example_kwargs`` are one full batch (its first dimension must divide into
     ``num_chunks`` micro-batches, default: the number of processes).
+
+    Args:
+        model: The model (an `nn.Module`).
+        split_points: Module names the model is split before, or `"auto"` to split it evenly.
+        no_split_module_classes: Class names of modules that must stay whole on one device (for example a
+            transformer block).
+        example_args: Example positional inputs used to trace the model.
+        example_kwargs: Example keyword inputs used to trace the model.
+        num_chunks: Number of micro-batches a batch is split into; `None` uses the number of processes.
+        gather_output: Send the last stage's output to every process.
     """
     state = PartialState()
     example_args = send_to_device(tuple(example_args or ()), "cpu")

@@ -134,6 +134,22 @@ def load_checkpoint_in_model(
     ``offload_8bit_bnb`` the full-precision weights of bitsandbytes 8-bit parameters mapped to "disk"
     are quantized on the CPU first, and the int8 weight and its row statistics (``<module>.SCB``) are
     offloaded instead (accel-quant's ``load_and_quantize_model`` reloads them).
+
+    Args:
+        model: The model (an `nn.Module`).
+        checkpoint: A checkpoint file, a folder holding one, or the index file of a sharded checkpoint.
+        device_map: Module name -> device (`"cpu"`, `"disk"`, an index or a `torch.device`); `""` names the
+            whole model.
+        offload_folder: Folder the weights mapped to `"disk"` are written to.
+        dtype: The dtype the weights will have (sizes are computed and weights converted with it); `None`
+            keeps each tensor's own.
+        offload_state_dict: Offload the CPU part of the weights to disk while loading, to limit peak memory.
+        offload_buffers: Offload the buffers with the weights (else buffers stay on the execution device).
+        keep_in_fp32_modules: Names of modules whose weights stay in float32 whatever `dtype` says.
+        offload_8bit_bnb: Offload 8-bit bitsandbytes weights with their statistics.
+        strict: Raise when the checkpoint and the model do not have the same weights (else warn).
+        full_state_dict: The checkpoint holds the full (unsharded) weights.
+        broadcast_from_rank0: Read the checkpoint on process 0 only and broadcast the weights to the others.
     """
     if broadcast_from_rank0:
         raise NotImplementedError(

@@ -78,7 +78,12 @@ __all__ = [
 
 
 def check_device_same(first_device: torch.device, second_device: torch.device) -> bool:
-    """Whether two devices are the same, treating "cuda" and "cuda:0" (current index) alike."""
+    """Whether two devices are the same, treating "cuda" and "cuda:0" (current index) alike.
+
+    Args:
+        first_device: A device.
+        second_device: Another device.
+    """
     if first_device.type != second_device.type:
         return False
     if first_device.type == "cuda":
@@ -89,7 +94,12 @@ def check_device_same(first_device: torch.device, second_device: torch.device) -
 
 
 def get_module_children_bottom_up(model: nn.Module, return_fqns: bool = False) -> list[Any]:
-    """Every module of ``model``, children before their parent (post-order), optionally with names."""
+    """Every module of ``model``, children before their parent (post-order), optionally with names.
+
+    Args:
+        model: The model (an `nn.Module`).
+        return_fqns: Return `(name, module)` pairs instead of modules.
+    """
     order: list[tuple[str, nn.Module]] = []
     stack: list[tuple[str, nn.Module, bool]] = [("", model, False)]
     while stack:
@@ -109,7 +119,14 @@ def get_state_dict_from_offload(
     state_dict: dict[str, Any],
     device_to_put_offload: int | str | torch.device = "cpu",
 ) -> dict[str, Any]:
-    """Add ``module``'s (offloaded) weights to ``state_dict`` under ``module_name``, read onto ``device_to_put_offload``."""
+    """Add ``module``'s (offloaded) weights to ``state_dict`` under ``module_name``, read onto ``device_to_put_offload``.
+
+    Args:
+        module: The module.
+        module_name: Name of `module` in the model (the prefix of its weights' names).
+        state_dict: A state dict (name -> tensor).
+        device_to_put_offload: Device the offloaded weights are read onto.
+    """
     with align_module_device(module, device_to_put_offload):
         for name, tensor in module.state_dict().items():
             key = f"{module_name}.{name}" if module_name else name
@@ -119,7 +136,11 @@ def get_state_dict_from_offload(
 
 
 def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The full state dict of a model with offloaded weights, on the CPU."""
+    """The full state dict of a model with offloaded weights, on the CPU.
+
+    Args:
+        model: The model (an `nn.Module`).
+    """
     state_dict: dict[str, Any] = {}
     placeholders = []
     for name, tensor in model.state_dict(keep_vars=True).items():

@@ -36,7 +36,14 @@ INDEX_NAME = "index.json"
 def offload_weight(
     weight: torch.Tensor, weight_name: str, offload_folder: str | os.PathLike[str], index: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Write ``weight`` to ``<offload_folder>/<weight_name>.dat`` and record it in ``index`` (returned)."""
+    """Write ``weight`` to ``<offload_folder>/<weight_name>.dat`` and record it in ``index`` (returned).
+
+    Args:
+        weight: The tensor to write.
+        weight_name: Its name (the file is `<weight_name>.dat`).
+        offload_folder: The folder to write to.
+        index: The index to add it to; `None` starts a new one.
+    """
     os.makedirs(offload_folder, exist_ok=True)
     write_tensor(os.path.join(offload_folder, f"{weight_name}.dat"), weight)
     if index is None:
@@ -46,7 +53,12 @@ def offload_weight(
 
 
 def load_offloaded_weight(weight_file: str, weight_info: Mapping[str, Any]) -> torch.Tensor:
-    """Read one ``.dat`` file described by ``weight_info`` ({"dtype", "shape"}) into a CPU tensor."""
+    """Read one ``.dat`` file described by ``weight_info`` ({"dtype", "shape"}) into a CPU tensor.
+
+    Args:
+        weight_file: The `.dat` file.
+        weight_info: Its entry of the offload index (`dtype`, `shape`).
+    """
     location = TensorLocation(weight_file, 0, dtype_from_name(weight_info["dtype"]), tuple(weight_info["shape"]))
     size = os.path.getsize(weight_file)
     if size < location.nbytes:
@@ -61,7 +73,12 @@ def load_offloaded_weight(weight_file: str, weight_info: Mapping[str, Any]) -> t
 
 
 def save_offload_index(index: Mapping[str, Any], offload_folder: str | os.PathLike[str]) -> None:
-    """Merge ``index`` into ``<offload_folder>/index.json``."""
+    """Merge ``index`` into ``<offload_folder>/index.json``.
+
+    Args:
+        index: The offload index: weight name -> its `dtype` and `shape`.
+        offload_folder: The folder holding `index.json`.
+    """
     if not index:
         return
     path = os.path.join(offload_folder, INDEX_NAME)
@@ -81,6 +98,10 @@ def offload_state_dict(save_dir: str | os.PathLike[str], state_dict: Mapping[str
 
     One file (not one per tensor) keeps the writes fast and lets the prefetcher read many small
     weights with one system call. Tensors sharing memory are written once.
+
+    Args:
+        save_dir: The folder to write to.
+        state_dict: A state dict (name -> tensor).
     """
     from safetensors.torch import save_file
 
@@ -114,7 +135,12 @@ def load_offload_index(offload_folder: str | os.PathLike[str]) -> dict[str, Any]
 
 
 class PrefixedDataset(Mapping[str, Any]):
-    """View of ``dataset`` under ``prefix``: ``view["weight"]`` is ``dataset[prefix + "weight"]``."""
+    """View of ``dataset`` under ``prefix``: ``view["weight"]`` is ``dataset[prefix + "weight"]``.
+
+    Args:
+        dataset: The mapping name -> tensor to view.
+        prefix: The prefix added to every key.
+    """
 
     def __init__(self, dataset: Mapping[str, Any], prefix: str):
         self.dataset = dataset
@@ -135,10 +161,16 @@ class PrefixedDataset(Mapping[str, Any]):
 
     @property
     def supports_zero_copy(self) -> bool:
+        """True when the underlying mapping can hand out memory-mapped tensors."""
         return bool(getattr(self.dataset, "supports_zero_copy", False))
 
     def read(self, key: str, zero_copy: bool = False) -> Any:
-        """The CPU tensor for ``key`` (without the move to the dataset's device)."""
+        """The CPU tensor for ``key`` (without the move to the dataset's device).
+
+        Args:
+            key: Name of the weight.
+            zero_copy: Map big tensors from their file instead of copying them into memory.
+        """
         reader = getattr(self.dataset, "read", None)
         full = f"{self.prefix}{key}"
         if reader is None:
@@ -146,7 +178,11 @@ class PrefixedDataset(Mapping[str, Any]):
         return reader(full, zero_copy=zero_copy) if self.supports_zero_copy else reader(full)
 
     def location(self, key: str) -> Any:
-        """Where ``key`` lives, when the underlying dataset knows (see OffloadedWeightsLoader.location)."""
+        """Where ``key`` lives, when the underlying dataset knows (see OffloadedWeightsLoader.location).
+
+        Args:
+            key: Name of the weight.
+        """
         finder = getattr(self.dataset, "location", None)
         return finder(f"{self.prefix}{key}") if finder else None
 
@@ -156,6 +192,12 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
 
     Disk weights come from ``save_folder`` (its ``index.json``) and/or ``index``; they are read when
     asked for, into a new tensor, and moved to ``device`` if given.
+
+    Args:
+        state_dict: Weights held in memory.
+        save_folder: Folder of the weights on disk.
+        index: The offload index of the weights on disk; `None` reads `save_folder/index.json`.
+        device: Device the weights are returned on; `None` keeps the CPU.
     """
 
     def __init__(
@@ -181,7 +223,11 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
         self._lock = threading.Lock()
 
     def location(self, key: str) -> tuple[TensorLocation, torch.dtype] | None:
-        """(where the bytes are, dtype wanted) for a disk weight; None for a weight held in RAM."""
+        """(where the bytes are, dtype wanted) for a disk weight; None for a weight held in RAM.
+
+        Args:
+            key: Name of the weight.
+        """
         if key in self.state_dict:
             return None
         info = self.index[key]
@@ -214,6 +260,10 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
         """The tensor for ``key`` on CPU (read from disk when offloaded), in its wanted dtype.
 
         With ``zero_copy`` big tensors are memory-mapped instead of copied (for CPU execution).
+
+        Args:
+            key: Name of the weight.
+            zero_copy: Map big tensors from their file instead of copying them into memory.
         """
         found = self.location(key)
         if found is None:
@@ -246,7 +296,12 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
 def extract_submodules_state_dict(
     state_dict: Mapping[str, torch.Tensor], submodule_names: list[str]
 ) -> dict[str, torch.Tensor]:
-    """Entries of ``state_dict`` that belong to one of ``submodule_names`` (or are one of them)."""
+    """Entries of ``state_dict`` that belong to one of ``submodule_names`` (or are one of them).
+
+    Args:
+        state_dict: A state dict (name -> tensor).
+        submodule_names: Names of the submodules whose entries are kept.
+    """
     wanted = set(submodule_names)
     if "" in wanted:
         return dict(state_dict)
@@ -264,7 +319,13 @@ def extract_submodules_state_dict(
 
 
 def load_offloaded_weights(model: nn.Module, index: Mapping[str, Any], offload_folder: str | os.PathLike[str]) -> None:
-    """Load every weight listed in ``index`` from ``offload_folder`` into ``model`` on the CPU."""
+    """Load every weight listed in ``index`` from ``offload_folder`` into ``model`` on the CPU.
+
+    Args:
+        model: The model (an `nn.Module`).
+        index: The offload index: weight name -> its `dtype` and `shape`.
+        offload_folder: The folder the index points into.
+    """
     from accel_bigmodel.tensors import set_module_tensor_to_device
 
     if not index:

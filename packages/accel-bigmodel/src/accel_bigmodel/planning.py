@@ -210,6 +210,21 @@ def infer_auto_device_map(
     On the first accelerator (or the CPU when there is none) room for the largest layer is kept free,
     since offloaded layers are brought there to run. Modules of ``no_split_module_classes`` are never
     split; tied parameters are placed together.
+
+    Args:
+        model: The model (an `nn.Module`).
+        max_memory: Device -> memory budget (an int of bytes or text such as `"10GiB"`); `None` uses what is
+            free.
+        no_split_module_classes: Class names of modules that must stay whole on one device (for example a
+            transformer block).
+        dtype: The dtype the weights will have (sizes are computed and weights converted with it); `None`
+            keeps each tensor's own.
+        special_dtypes: Parameter name -> dtype, for weights that keep a dtype other than `dtype`.
+        verbose: Log each placement decision.
+        clean_result: Merge entries of one parent that share a device (`clean_device_map`).
+        offload_buffers: Offload the buffers with the weights (else buffers stay on the execution device).
+        fallback_allocation: When no whole layer fits the main device, place a smaller one there so it is not
+            left empty.
     """
     if max_memory is None:
         from accel_bigmodel.device_memory import get_max_memory
@@ -438,7 +453,13 @@ def _expand_without(name: str, module: Any, target: str, no_split: set[str]) -> 
 
 
 def clean_device_map(device_map: dict[str, DeviceKey], module_name: str = "") -> dict[str, DeviceKey]:
-    """Merge entries: a prefix whose entries (more than one) all share a device becomes one entry. Linear time."""
+    """Merge entries: a prefix whose entries (more than one) all share a device becomes one entry. Linear time.
+
+    Args:
+        device_map: Module name -> device (`"cpu"`, `"disk"`, an index or a `torch.device`); `""` names the
+            whole model.
+        module_name: Name of `module` in the model (the prefix of its weights' names).
+    """
     # trie of dotted names; each node: (children in order, own value present?, uniform device or sentinel, count)
     mixed = object()
     root: dict[str, Any] = {"kids": {}, "value": None, "has": False}
@@ -497,7 +518,13 @@ def clean_device_map(device_map: dict[str, DeviceKey], module_name: str = "") ->
 
 
 def check_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> None:
-    """Error when ``device_map`` misses some of the model's tensors or names modules the model does not have."""
+    """Error when ``device_map`` misses some of the model's tensors or names modules the model does not have.
+
+    Args:
+        model: The model (an `nn.Module`).
+        device_map: Module name -> device (`"cpu"`, `"disk"`, an index or a `torch.device`); `""` names the
+            whole model.
+    """
     if len(device_map) == 1 and "" in device_map:
         return
     tensor_names = [n for n, _, _ in iter_module_tensors(model)]
@@ -537,6 +564,18 @@ def get_balanced_memory(
     """Budgets that spread the model evenly over the accelerators (all but the first with ``low_zero``).
 
     Without accelerators in ``max_memory`` it is returned unchanged (in bytes).
+
+    Args:
+        model: The model (an `nn.Module`).
+        max_memory: Device -> memory budget (an int of bytes or text such as `"10GiB"`); `None` uses what is
+            free.
+        no_split_module_classes: Class names of modules that must stay whole on one device (for example a
+            transformer block).
+        dtype: The dtype the weights will have (sizes are computed and weights converted with it); `None`
+            keeps each tensor's own.
+        special_dtypes: Parameter name -> dtype, for weights that keep a dtype other than `dtype`.
+        low_zero: Leave the first accelerator as empty as possible (for `generate`, which uses it for
+            outputs).
     """
     if max_memory is None:
         from accel_bigmodel.device_memory import get_max_memory

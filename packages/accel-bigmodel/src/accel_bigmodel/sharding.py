@@ -26,7 +26,14 @@ __all__ = ["ShardPlan", "parse_size", "split_state_dict_into_shards", "save_shar
 
 @dataclass
 class ShardPlan:
-    """Which tensor goes into which file; ``is_sharded`` is False when everything fits in one file."""
+    """Which tensor goes into which file; ``is_sharded`` is False when everything fits in one file.
+
+    Args:
+        filename_to_tensors: Shard file -> names of its tensors.
+        tensor_to_filename: Tensor name -> its shard file.
+        is_sharded: False when everything fits in one file.
+        metadata: Metadata of the index file (for example the total size).
+    """
 
     filename_to_tensors: dict[str, list[str]] = field(default_factory=dict)
     tensor_to_filename: dict[str, str] = field(default_factory=dict)
@@ -56,6 +63,11 @@ def split_state_dict_into_shards(
 
     A tensor bigger than the limit gets a shard of its own; tensors sharing memory stay in one shard
     and count once.
+
+    Args:
+        state_dict: A state dict (name -> tensor).
+        max_shard_size: Largest size of one shard, in bytes or text such as `"5GB"`.
+        filename_pattern: File name of a shard, with `{suffix}` where its number goes.
     """
     limit = parse_size(max_shard_size)
     if "{suffix}" not in filename_pattern:
@@ -115,6 +127,13 @@ def save_sharded(
 
     With ``safe_serialization`` names sharing memory are saved once (safetensors refuses aliases): the
     first name keeps the data and the others are listed in the index metadata under ``"shared"``.
+
+    Args:
+        state_dict: A state dict (name -> tensor).
+        save_directory: The folder to write to (created).
+        max_shard_size: Largest size of one shard, in bytes or text such as `"5GB"`.
+        safe_serialization: Write safetensors (else `torch.save` files).
+        weights_name: File name of the unsharded file; `None` picks the default of the format.
     """
     from safetensors.torch import save_file
 

@@ -30,7 +30,11 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
 
 def parse_size(size: int | float | str) -> int:
     """Number of bytes in ``size``: an int passes through, a float is rounded down, "10GB" is 10**10,
-    "10GiB" is 10 * 2**30."""
+    "10GiB" is 10 * 2**30.
+
+    Args:
+        size: An int of bytes, or text such as `"10GB"` / `"10GiB"`.
+    """
     if isinstance(size, bool):
         raise TypeError(f"A memory size must be an int of bytes or a string like '10GiB', got {size!r}.")
     if isinstance(size, int):
@@ -56,7 +60,11 @@ def parse_size(size: int | float | str) -> int:
 
 
 def convert_file_size_to_int(size: int | float | str) -> int:
-    """Documented name of :func:`parse_size`."""
+    """Documented name of :func:`parse_size`.
+
+    Args:
+        size: An int of bytes, or text such as `"10GB"` / `"10GiB"`.
+    """
     return parse_size(size)
 
 
@@ -67,7 +75,11 @@ _BYTE_SIZES: dict[torch.dtype, float] = {}
 
 
 def dtype_byte_size(dtype: torch.dtype | str) -> float:
-    """Bytes taken by one element of ``dtype`` (``torch.bool`` counts 1/8, "int4" counts 1/2)."""
+    """Bytes taken by one element of ``dtype`` (``torch.bool`` counts 1/8, "int4" counts 1/2).
+
+    Args:
+        dtype: A `torch.dtype`, or `"int4"` / `"int8"` / `"fp8"` text.
+    """
     cached = _BYTE_SIZES.get(dtype) if isinstance(dtype, torch.dtype) else None
     if cached is not None:
         return cached
@@ -120,7 +132,14 @@ def iter_module_tensors(model: nn.Module, remove_duplicate: bool = True) -> Iter
 def named_module_tensors(
     module: nn.Module, include_buffers: bool = True, recurse: bool = False, remove_non_persistent: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Parameters (and buffers) of ``module`` by name; non-persistent buffers skipped when asked."""
+    """Parameters (and buffers) of ``module`` by name; non-persistent buffers skipped when asked.
+
+    Args:
+        module: The module.
+        include_buffers: Include the buffers.
+        recurse: Also go through the submodules.
+        remove_non_persistent: Leave out buffers that are not saved in the state dict.
+    """
     yield from module.named_parameters(recurse=recurse)
     if include_buffers:
         skip = get_non_persistent_buffers(module, recurse=recurse, fqns=True) if remove_non_persistent else set()
@@ -130,7 +149,13 @@ def named_module_tensors(
 
 
 def get_non_persistent_buffers(module: nn.Module, recurse: bool = False, fqns: bool = False) -> set[str]:
-    """Names of the buffers that are not saved in the state dict."""
+    """Names of the buffers that are not saved in the state dict.
+
+    Args:
+        module: The module.
+        recurse: Also go through the submodules.
+        fqns: Return fully qualified names (else local names).
+    """
     if not recurse:
         return set(module._non_persistent_buffers_set)
     names: set[str] = set()
@@ -161,7 +186,15 @@ def compute_module_sizes(
     special_dtypes: dict[str, str | torch.dtype] | None = None,
     buffers_only: bool = False,
 ) -> dict[str, int]:
-    """Size in bytes of every submodule and tensor of ``model`` (key "" is the whole model), one pass."""
+    """Size in bytes of every submodule and tensor of ``model`` (key "" is the whole model), one pass.
+
+    Args:
+        model: The model (an `nn.Module`).
+        dtype: The dtype the weights will have (sizes are computed and weights converted with it); `None`
+            keeps each tensor's own.
+        special_dtypes: Parameter name -> dtype, for weights that keep a dtype other than `dtype`.
+        buffers_only: Count buffers only.
+    """
     size_of = _size_fn(dtype, special_dtypes)
     sizes: dict[str, int] = {"": 0}
     for name, tensor, is_param in iter_module_tensors(model):
@@ -260,14 +293,28 @@ def _add(sizes: dict[str, int], buffers: dict[str, int] | None, name: str, size:
 def compute_module_total_buffer_size(
     model: nn.Module, dtype: str | torch.dtype | None = None, special_dtypes: dict[str, Any] | None = None
 ) -> int:
-    """Total bytes of the buffers of ``model``."""
+    """Total bytes of the buffers of ``model``.
+
+    Args:
+        model: The model (an `nn.Module`).
+        dtype: The dtype the weights will have (sizes are computed and weights converted with it); `None`
+            keeps each tensor's own.
+        special_dtypes: Parameter name -> dtype, for weights that keep a dtype other than `dtype`.
+    """
     return compute_module_sizes(model, dtype, special_dtypes, buffers_only=True)[""]
 
 
 def get_max_layer_size(
     modules: list[tuple[str, nn.Module]], module_sizes: dict[str, int], no_split_module_classes: list[str]
 ) -> tuple[int, list[str]]:
-    """Biggest unsplittable layer among ``modules`` (a leaf or a ``no_split_module_classes`` block)."""
+    """Biggest unsplittable layer among ``modules`` (a leaf or a ``no_split_module_classes`` block).
+
+    Args:
+        modules: The `(name, module)` pairs to consider.
+        module_sizes: Module name -> size in bytes, as `compute_module_sizes` gives.
+        no_split_module_classes: Class names of modules that must stay whole on one device (for example a
+            transformer block).
+    """
     best, names = 0, []
     stack = list(reversed(modules))
     no_split = set(no_split_module_classes or [])
@@ -286,7 +333,11 @@ def get_max_layer_size(
 
 
 def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]]]:
-    """(total size, (largest layer size, its names)) of ``model`` with its own dtypes."""
+    """(total size, (largest layer size, its names)) of ``model`` with its own dtypes.
+
+    Args:
+        model: The model (an `nn.Module`).
+    """
     sizes = compute_module_sizes(model)
     no_split = getattr(model, "_no_split_modules", None) or []
     modules = [(n, c) for n, c in model.named_children()]
@@ -294,7 +345,11 @@ def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]
 
 
 def get_module_leaves(module_sizes: dict[str, int]) -> list[str]:
-    """Names in ``module_sizes`` that have no child entry."""
+    """Names in ``module_sizes`` that have no child entry.
+
+    Args:
+        module_sizes: Module name -> size, as `compute_module_sizes` gives.
+    """
     parents = set()
     for name in module_sizes:
         end = name.rfind(".")
@@ -303,7 +358,11 @@ def get_module_leaves(module_sizes: dict[str, int]) -> list[str]:
 
 
 def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
-    """Identity of the storage behind ``tensor``: tensors sharing memory share it."""
+    """Identity of the storage behind ``tensor``: tensors sharing memory share it.
+
+    Args:
+        tensor: The tensor.
+    """
     if tensor.device.type == "meta":
         return tensor.device, id(tensor), 0
     storage = tensor.untyped_storage()

@@ -43,6 +43,18 @@ def set_module_tensor_to_device(
 
     Without ``dtype`` the value takes the dtype the model already has (as ``load_state_dict`` does);
     with it, floating values are cast and integer ones kept. A value of the wrong shape is an error.
+
+    Args:
+        module: The module holding the tensor.
+        tensor_name: Dotted name of the parameter or buffer inside `module`.
+        device: The target device.
+        value: The new data; `None` moves the current data.
+        dtype: The dtype of the result; `None` keeps the current one (floating values are converted to it).
+        fp16_statistics: The statistics of an 8-bit bitsandbytes weight (`SCB`).
+        tied_params_map: Shared cache of tied weights already moved to the execution device (data pointer ->
+            device -> tensor), so a tied weight is moved once.
+        non_blocking: Copy asynchronously where the device allows it.
+        clear_cache: Empty the device cache after the move.
     """
     owner, name = _resolve(module, tensor_name)
     is_buffer = name in owner._buffers

@@ -11,7 +11,12 @@ from torch import nn
 
 
 def find_tied_parameters(model: nn.Module, **kwargs: Any) -> list[list[str]]:
-    """Groups of parameter names that refer to the same parameter, each sorted, e.g. ``[["a.weight", "b.weight"]]``."""
+    """Groups of parameter names that refer to the same parameter, each sorted, e.g. ``[["a.weight", "b.weight"]]``.
+
+    Args:
+        model: The model (an `nn.Module`).
+        **kwargs: Accepted for the documented signature; unused.
+    """
     by_id: dict[int, list[str]] = {}
     for prefix, module in model.named_modules(remove_duplicate=False):
         dot = f"{prefix}." if prefix else ""
@@ -27,7 +32,12 @@ def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
 
 
 def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:
-    """Make every name of each group point at the same parameter again (the first one not on meta)."""
+    """Make every name of each group point at the same parameter again (the first one not on meta).
+
+    Args:
+        model: The model (an `nn.Module`).
+        tied_params: Groups of tied parameter names, as `find_tied_parameters` gives.
+    """
     for group in tied_params:
         keeper = None
         for name in group:
@@ -43,7 +53,12 @@ def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:
 
 
 def check_tied_parameters_on_same_device(tied_params: list[list[str]], device_map: dict[str, Any]) -> None:
-    """Warn when the parameters of one tied group are mapped to different devices."""
+    """Warn when the parameters of one tied group are mapped to different devices.
+
+    Args:
+        tied_params: Groups of tied parameter names, as `find_tied_parameters` gives.
+        device_map: The device map to check.
+    """
     for group in tied_params:
         devices = {name: _device_of(name, device_map) for name in group}
         if len(set(map(str, devices.values()))) > 1:
@@ -53,7 +68,11 @@ def check_tied_parameters_on_same_device(tied_params: list[list[str]], device_ma
 
 
 def check_tied_parameters_in_config(model: nn.Module) -> bool:
-    """Whether the model's config says some weights are tied (transformers-style configs)."""
+    """Whether the model's config says some weights are tied (transformers-style configs).
+
+    Args:
+        model: The model (an `nn.Module`).
+    """
     config = getattr(model, "config", None)
     if config is None:
         return False

@@ -75,6 +75,7 @@ class DataLoaderConfiguration:
             require_stateful_dataloader()
 
     def to_dict(self) -> dict[str, Any]:
+        """The settings as a plain dict (field name -> value)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 

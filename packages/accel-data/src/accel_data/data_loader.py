@@ -68,7 +68,11 @@ def _copied_kwargs(dataloader: DataLoader) -> dict[str, Any]:
 
 
 def get_sampler(dataloader: DataLoader) -> Any:
-    """The sampler of indices inside ``dataloader`` (through its batch sampler)."""
+    """The sampler of indices inside ``dataloader`` (through its batch sampler).
+
+    Args:
+        dataloader: The data loader to look into.
+    """
     if isinstance(dataloader.sampler, BatchSampler):
         return getattr(dataloader.sampler, "sampler", None)
     return getattr(dataloader.batch_sampler, "sampler", None)
@@ -132,6 +136,8 @@ def prepare_data_loader(
         use_stateful_dataloader: build on torchdata's ``StatefulDataLoader``.
         torch_device_mesh: shard over the mesh's data-parallel dimensions only, so tensor- and
             context-parallel ranks get the same batches.
+        num_processes: Number of processes sharing the data; `None` takes it from the distributed state.
+        process_index: Index of this process; `None` takes it from the distributed state.
 
     Returns:
         a :class:`DataLoaderShard` or :class:`DataLoaderDispatcher` (both ``DataLoader`` subclasses).
@@ -302,6 +308,10 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
     Map-style data is skipped at the index level (the skipped samples are never loaded); an iterable
     dataset is read and the batches dropped. A prepared loader keeps its sharding, device placement,
     synchronised generators and epoch; a plain ``DataLoader`` gives a plain one.
+
+    Args:
+        dataloader: The data loader (prepared or not).
+        num_batches: How many batches to skip.
     """
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"skip_first_batches needs a DataLoader, got {type(dataloader).__name__}")

@@ -146,6 +146,7 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
 
     @property
     def total_batch_size(self) -> int:
+        """Number of samples in one step over all processes."""
         size = getattr(self.batch_sampler, "batch_size", None) or self.batch_size or 1
         return int(size) * (1 if self.split_batches else self.num_slices)
 
@@ -156,6 +157,7 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
         return max(0, whole - self.skip_batches)
 
     def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands: epoch, batches already yielded in it, generator states."""
         skipping = self._active_skipping()
         if skipping is not None:
             return skipping.state_dict()
@@ -167,6 +169,11 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from `state_dict`: the next iteration continues where that one stopped.
+
+        Args:
+            state_dict: A dict returned by `state_dict()`.
+        """
         super().load_state_dict(state_dict)
         first = state_dict.get("first_samples")
         self._resume_first = list(first) if first is not None and state_dict["batches_yielded"] else None

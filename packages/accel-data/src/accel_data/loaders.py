@@ -159,6 +159,7 @@ class DataLoaderStateMixin:
 
     @property
     def use_stateful_dataloader(self) -> bool:
+        """True when this loader is built on torchdata's `StatefulDataLoader`."""
         return self._stateful
 
     @property
@@ -210,7 +211,11 @@ class DataLoaderStateMixin:
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch of this loader and pass it to its batch sampler and every sampler inside it that
-        has ``set_epoch``; when none has, to the dataset (when it has ``set_epoch``)."""
+        has ``set_epoch``; when none has, to the dataset (when it has ``set_epoch``).
+
+        Args:
+            epoch: The epoch number; it seeds the shuffling of that epoch.
+        """
         self.iteration = int(epoch)
         batch_sampler = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler  # type: ignore[attr-defined]
         if not set_epoch_on(batch_sampler, epoch) and hasattr(self.dataset, "set_epoch"):  # type: ignore[attr-defined]
@@ -391,7 +396,11 @@ class DataLoaderStateMixin:
         return StatefulDataLoader.state_dict(self)  # type: ignore[arg-type]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: the next iteration continues where that one stopped."""
+        """Resume from :meth:`state_dict`: the next iteration continues where that one stopped.
+
+        Args:
+            state_dict: A dict returned by `state_dict()`.
+        """
         missing = [key for key in _STATE_KEYS if key not in state_dict]
         if missing:
             raise KeyError(
@@ -484,6 +493,13 @@ class SkipDataLoader(DataLoaderStateMixin, DataLoader):
     """A ``DataLoader`` that skips the first ``skip_batches`` batches of every iteration.
 
     Used for iterable datasets, whose batches cannot be skipped without reading them.
+
+    Args:
+        dataset: The dataset to load from.
+        skip_batches: How many batches to skip at the start of each iteration.
+        use_stateful_dataloader: Build on torchdata's `StatefulDataLoader` (resumable mid-epoch) instead of
+            `DataLoader`.
+        **kwargs: The other arguments of `DataLoader`.
     """
 
     def __init__(

@@ -16,6 +16,11 @@ class SeedableRandomSampler(RandomSampler):
 
     Every process that builds it with the same ``data_seed`` (or after the same ``set_seed``) shuffles
     the same way, and epoch ``e`` always gives the same order, which makes resuming exact.
+
+    Args:
+        *args: Positional arguments of `torch.utils.data.RandomSampler` (the data source first).
+        data_seed: The seed of the permutation; `None` draws one from torch's default generator once.
+        **kwargs: Keyword arguments of `RandomSampler` (`replacement`, `num_samples`, `generator`).
     """
 
     def __init__(self, *args: Any, data_seed: int | None = None, **kwargs: Any) -> None:
@@ -31,13 +36,23 @@ class SeedableRandomSampler(RandomSampler):
         self.set_epoch(self.epoch + 1)
 
     def set_epoch(self, epoch: int) -> None:
-        """Use the permutation of ``epoch`` for the next iteration."""
+        """Use the permutation of ``epoch`` for the next iteration.
+
+        Args:
+            epoch: The epoch number; it seeds the shuffling of that epoch.
+        """
         self.epoch = int(epoch)
 
     def state_dict(self) -> dict[str, int]:
+        """The seed and epoch of the permutation, to resume it."""
         return {"initial_seed": self.initial_seed, "epoch": self.epoch}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the seed and epoch saved by `state_dict`.
+
+        Args:
+            state_dict: A dict returned by `state_dict()`.
+        """
         self.initial_seed = int(state_dict["initial_seed"])
         self.epoch = int(state_dict["epoch"])
 
@@ -81,10 +96,12 @@ class BatchSamplerShard(BatchSampler):
 
     @property
     def sampler(self) -> Any:  # type: ignore[override]
+        """The sampler of indices under the wrapped batch sampler."""
         return getattr(self.batch_sampler, "sampler", None)
 
     @property
     def total_length(self) -> int:
+        """Number of batches of the wrapped batch sampler, over all processes."""
         return len(self.batch_sampler)
 
     def _last_batch_size(self) -> int | None:
@@ -145,6 +162,11 @@ class BatchSamplerShard(BatchSampler):
             inner.sampler.set_epoch(inner.sampler.epoch + 1)
 
     def set_epoch(self, epoch: int) -> None:
+        """Pass the epoch to the wrapped batch sampler and its sampler (a new shuffle each epoch).
+
+        Args:
+            epoch: The epoch number; it seeds the shuffling of that epoch.
+        """
         set_epoch_on(self.batch_sampler, epoch)
 
 
@@ -187,6 +209,8 @@ class IterableDatasetShard(IterableDataset):
         drop_last: drop the incomplete last global batch instead of completing it from the start.
         num_processes / process_index: the processes and this one.
         split_batches: ``batch_size`` is the global batch size, cut in ``num_processes`` slices.
+        num_processes: Number of processes that share the dataset.
+        process_index: Index of this process among them.
     """
 
     def __init__(
@@ -211,12 +235,18 @@ class IterableDatasetShard(IterableDataset):
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
+        """Pass the epoch to the dataset when it has `set_epoch` (a new shuffle each epoch).
+
+        Args:
+            epoch: The epoch number; it seeds the shuffling of that epoch.
+        """
         self.epoch = epoch
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
 
     @property
     def total_length(self) -> int:
+        """Number of samples of the dataset, over all processes."""
         return len(self.dataset)
 
     def __len__(self) -> int:
@@ -243,7 +273,12 @@ class IterableDatasetShard(IterableDataset):
 
 
 class SkipBatchSampler(BatchSampler):
-    """``batch_sampler`` without its first ``skip_batches`` batches (the indices are never loaded)."""
+    """``batch_sampler`` without its first ``skip_batches`` batches (the indices are never loaded).
+
+    Args:
+        batch_sampler: The batch sampler to skip into.
+        skip_batches: How many of its first batches to drop.
+    """
 
     def __init__(self, batch_sampler: Any, skip_batches: int = 0) -> None:
         if skip_batches < 0:
@@ -255,6 +290,7 @@ class SkipBatchSampler(BatchSampler):
 
     @property
     def sampler(self) -> Any:  # type: ignore[override]
+        """The sampler of indices under the wrapped batch sampler."""
         return getattr(self.batch_sampler, "sampler", None)
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -264,12 +300,18 @@ class SkipBatchSampler(BatchSampler):
 
     @property
     def total_length(self) -> int:
+        """Number of batches of the wrapped batch sampler, skipped ones included."""
         return len(self.batch_sampler)
 
     def __len__(self) -> int:
         return max(0, len(self.batch_sampler) - self.skip_batches)
 
     def set_epoch(self, epoch: int) -> None:
+        """Pass the epoch to the wrapped batch sampler.
+
+        Args:
+            epoch: The epoch number; it seeds the shuffling of that epoch.
+        """
         set_epoch_on(self.batch_sampler, epoch)
 
 

@@ -54,7 +54,11 @@ def plan_from_args(args: argparse.Namespace, machine: MachineInfo | None = None,
 
 
 def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
-    """Command and full environment of a one-process launch."""
+    """Command and full environment of a one-process launch.
+
+    Args:
+        *args: The parsed arguments of `accel launch`.
+    """
     plan = plan_from_args(args)
     return script_command(plan), {**os.environ, **launch_env(plan)}
 
@@ -77,6 +81,9 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
 
     The port it chose (a free one for ``--main_process_port 0``) is in ``args.main_process_port`` and
     ``MASTER_PORT`` afterwards.
+
+    Args:
+        *args: The parsed arguments of `accel launch`.
     """
     plan = plan_from_args(args)
     port = _report_port(args, plan)
@@ -89,7 +96,11 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
 
 def prepare_deepspeed_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """The ``deepspeed`` command and full environment of a multi-node DeepSpeed launch (the port it
-    chose is in ``args.main_process_port`` afterwards)."""
+    chose is in ``args.main_process_port`` afterwards).
+
+    Args:
+        *args: The parsed arguments of `accel launch`.
+    """
     plan = plan_from_args(args)
     port = _report_port(args, plan)
     return deepspeed_command(plan, port), {**os.environ, **launch_env(plan)}
@@ -119,7 +130,13 @@ _get_mpirun_args = mpirun_spelling  # the documented system's (private) name
 def prepare_tpu(
     args: argparse.Namespace, current_env: dict[str, str], pod: bool = False
 ) -> tuple[argparse.Namespace, dict[str, str]]:
-    """The environment of a TPU launch added to ``current_env`` (bf16 and downcast settings)."""
+    """The environment of a TPU launch added to ``current_env`` (bf16 and downcast settings).
+
+    Args:
+        *args: The parsed arguments of `accel launch`.
+        current_env: The environment to add to.
+        pod: True for a TPU pod launch (several hosts).
+    """
     env = dict(current_env)
     mixed = getattr(args, "mixed_precision", None)
     if mixed == "bf16":
@@ -134,7 +151,12 @@ def prepare_tpu(
 def prepare_sagemager_args_inputs(
     sagemaker_config: Any, args: argparse.Namespace
 ) -> tuple[dict[str, Any], dict[str, str] | None]:
-    """Estimator keyword arguments and input channels of a SageMaker job (the documented name, typo included)."""
+    """Estimator keyword arguments and input channels of a SageMaker job (the documented name, typo included).
+
+    Args:
+        sagemaker_config: The SageMaker config.
+        *args: The parsed arguments of `accel launch`.
+    """
     from accel_launch.sagemaker import sagemaker_job_args
 
     plan = plan_from_args(args, machine=MachineInfo("cpu", 0, 1), config=sagemaker_config)
@@ -143,7 +165,11 @@ def prepare_sagemager_args_inputs(
 
 def convert_dict_to_env_variables(current_env: Mapping[str, str]) -> list[str]:
     """``KEY=VALUE\\n`` lines of ``current_env`` for a ``.deepspeed_env`` file, in input order; an entry
-    that is empty or contains ``;``, ``<``, ``>``, a space or a newline is dropped with a logged warning."""
+    that is empty or contains ``;``, ``<``, ``>``, a space or a newline is dropped with a logged warning.
+
+    Args:
+        current_env: The environment to add to.
+    """
     return [line + "\n" for line in env_file_lines(current_env)]
 
 
@@ -152,6 +178,11 @@ class PrepareForLaunch:
 
     ``distributed_type`` "XLA" leaves the ranks to torch_xla; ``debug`` runs one machine whose world is
     ``WORLD_SIZE`` processes (what ``debug_launcher`` uses).
+
+    Args:
+        launcher: The function each spawned process runs.
+        distributed_type: The kind of run; `XLA` leaves the rank variables to torch_xla.
+        debug: Turn on accel's debug mode in the processes.
     """
 
     def __init__(self, launcher: Any, distributed_type: str = "NO", debug: bool = False) -> None:

@@ -60,6 +60,23 @@ def notebook_launcher(
 
     With one process (or ``num_processes=None`` on a machine with at most one device) the function runs
     here. ``num_nodes > 1``: call it on every node with its ``node_rank`` and the same ``master_addr``.
+
+    Args:
+        function: The function to run in each process.
+        *args: Positional arguments of `function`.
+        num_processes: Number of processes per machine; `None` uses every GPU / TPU core (one process on CPU).
+        mixed_precision: `no`, `fp16` or `bf16`, set for the processes.
+        use_port: Port of the rendezvous on the main machine.
+        master_addr: Address of the main machine.
+        node_rank: Rank of this machine among `num_nodes`.
+        num_nodes: Number of machines.
+        rdzv_backend: Rendezvous backend of `torch.distributed` (`static` or `c10d`).
+        rdzv_endpoint: `host:port` of the rendezvous (with `c10d`).
+        rdzv_conf: Extra rendezvous settings.
+        rdzv_id: Identifier of the job, shared by all its machines.
+        max_restarts: How many times the group is restarted after a process fails.
+        monitor_interval: Seconds between checks of the processes' state.
+        log_line_prefix_template: Prefix of each output line (torch's template, for example `[{rank}]:`).
     """
     mixed_precision = str(mixed_precision).lower()
     from accel_state.enums import MIXED_PRECISION_CHOICES
@@ -136,7 +153,13 @@ def notebook_launcher(
 
 
 def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int = 2) -> None:
-    """Run ``function(*args)`` in ``num_processes`` CPU processes (gloo) on this machine, to debug distributed code."""
+    """Run ``function(*args)`` in ``num_processes`` CPU processes (gloo) on this machine, to debug distributed code.
+
+    Args:
+        function: The function to run in each process.
+        *args: Positional arguments of `function`.
+        num_processes: Number of CPU processes.
+    """
     if num_processes < 1:
         raise ValueError(f"num_processes must be at least 1, got {num_processes}")
     from torch.multiprocessing import start_processes

@@ -75,7 +75,27 @@ class MachineInfo:
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """Everything needed to start the processes; ``env`` holds only the variables the launcher adds."""
+    """Everything needed to start the processes; ``env`` holds only the variables the launcher adds.
+
+    Args:
+        mode: How the processes are started (`simple`, `multi_gpu`, `deepspeed`, `xla`, `sagemaker`, ...).
+        training_script: The script (or module) to run.
+        training_script_args: Its arguments.
+        num_processes: Total number of processes over all machines.
+        num_machines: Number of machines.
+        machine_rank: Rank of this machine.
+        main_process_ip: Address of the machine of process 0.
+        main_process_port: Port of the rendezvous.
+        port_given: True when the port came from a flag or the config file (not picked by the launcher).
+        values: Every launch option, resolved (flag over config file over default).
+        env: The environment variables the launcher adds for the processes.
+        notes: Messages for the user about choices made.
+        sagemaker: True when the run is a SageMaker job.
+        config_source: The config file used, if any.
+        extra: Settings of the mode that are not launch options.
+        defaulted_env: Variables of `env` whose value is only the launcher's default; a value the user
+            exported wins.
+    """
 
     mode: str
     training_script: str
@@ -98,6 +118,7 @@ class LaunchPlan:
 
     @property
     def nproc_per_node(self) -> int:
+        """Number of processes on each machine."""
         return self.num_processes // self.num_machines
 
     def __getattr__(self, name: str) -> Any:
@@ -221,7 +242,15 @@ def resolve(
     training_script: str = "",
     training_script_args: tuple[str, ...] | list[str] = (),
 ) -> LaunchPlan:
-    """The launch plan for ``flags`` (given flags only), ``config`` (a loaded config or None) on ``machine``."""
+    """The launch plan for ``flags`` (given flags only), ``config`` (a loaded config or None) on ``machine``.
+
+    Args:
+        flags: The flags given on the command line (name -> value), only those given.
+        config: A loaded config, or `None`.
+        machine: Facts about this machine (accelerators, counts).
+        training_script: The script to run.
+        training_script_args: Its arguments.
+    """
     machine = machine or MachineInfo()
     sagemaker = (
         config is not None and getattr(config, "compute_environment", None) == ComputeEnvironment.AMAZON_SAGEMAKER

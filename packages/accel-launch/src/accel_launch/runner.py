@@ -39,7 +39,12 @@ class LaunchError(RuntimeError):
 
 
 def is_port_in_use(port: int | None = None, host: str = "127.0.0.1") -> bool:
-    """True when something already listens on ``port`` (29500 by default) of ``host``."""
+    """True when something already listens on ``port`` (29500 by default) of ``host``.
+
+    Args:
+        port: The port; `None` uses 29500.
+        host: The host to probe.
+    """
     port = port or 29500
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(1.0)

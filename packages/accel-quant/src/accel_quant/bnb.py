@@ -65,6 +65,9 @@ def get_keys_to_not_convert(model: nn.Module) -> list[str]:
 
     A base model without a head (``base_model_prefix`` set but not present as an attribute) and without
     tied weights keeps nothing back.
+
+    Args:
+        model: The model (an `nn.Module`).
     """
     tied = find_tied_parameters(model)
     tied_modules = [name.rpartition(".")[0] for group in tied for name in group]
@@ -80,20 +83,32 @@ def get_keys_to_not_convert(model: nn.Module) -> list[str]:
 
 
 def get_parameter_device(model: nn.Module) -> torch.device:
-    """Device of the model's first parameter (CPU for a model without parameters)."""
+    """Device of the model's first parameter (CPU for a model without parameters).
+
+    Args:
+        model: The model (an `nn.Module`).
+    """
     for param in model.parameters():
         return param.device
     return torch.device("cpu")
 
 
 def has_4bit_bnb_layers(model: nn.Module) -> bool:
-    """True when ``model`` holds a bitsandbytes 4-bit Linear layer."""
+    """True when ``model`` holds a bitsandbytes 4-bit Linear layer.
+
+    Args:
+        model: The model (an `nn.Module`).
+    """
     bnb = require_bnb()
     return any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
 
 
 def has_8bit_bnb_layers(model: nn.Module) -> bool:
-    """True when ``model`` holds a bitsandbytes 8-bit Linear layer."""
+    """True when ``model`` holds a bitsandbytes 8-bit Linear layer.
+
+    Args:
+        model: The model (an `nn.Module`).
+    """
     bnb = require_bnb()
     return any(isinstance(m, bnb.nn.Linear8bitLt) for m in model.modules())
 
@@ -151,6 +166,12 @@ def replace_with_bnb_layers(
     stay as they are. A layer holding weights keeps them (full precision, quantized by
     :func:`quantize_bnb_layers` or when moved to a device); a meta layer stays empty. Raises
     ValueError when a name to skip matches no module of the model.
+
+    Args:
+        model: The model (an `nn.Module`).
+        bnb_quantization_config: Bits, compute dtype and the modules kept in full precision.
+        modules_to_not_convert: Names of modules kept as they are; `None` takes them from the config.
+        current_key_name: Name path of the module being visited (used while recursing; leave `None`).
     """
     bnb = require_bnb(bnb_quantization_config.bits)
     skip = list(
@@ -194,6 +215,10 @@ def quantize_bnb_layers(model: nn.Module, device: torch.device | str | None = No
 
     Each weight is quantized where it lies (or on ``device``); meta (offloaded) weights are left alone.
     Weights already quantized (int8 with statistics, packed 4-bit) are kept.
+
+    Args:
+        model: The model (an `nn.Module`).
+        device: Where the quantization runs; `None` quantizes each weight where it lies.
     """
     bnb = require_bnb()
     for module in model.modules():
@@ -234,6 +259,14 @@ def get_quantized_model_device_map(
     None puts everything on the current accelerator (the CPU without one); a strategy name
     (``auto``, ``balanced``, ``balanced_low_0``, ``sequential``) is planned with the layers' int8 /
     int4 sizes. A 4-bit layer may not be offloaded (to CPU next to an accelerator, or to disk).
+
+    Args:
+        model: The model, with its Linear layers already replaced.
+        bnb_quantization_config: The quantization settings (bits, dtypes, modules kept in full precision).
+        device_map: A device map, `auto` / `balanced` / `balanced_low_0` / `sequential`, or `None` for the
+            current device.
+        max_memory: Device -> memory budget (bytes or a string such as `"10GiB"`) for the automatic maps.
+        no_split_module_classes: Class names of modules that must stay on one device.
     """
     config = bnb_quantization_config
     keep = list(config.skip_modules or []) + list(config.keep_in_fp32_modules or [])
@@ -509,6 +542,9 @@ def quantized_model_bytes(model: nn.Module) -> int:
     An 8-bit weight counts its int8 matrix and row scales (``SCB``); a 4-bit weight its packed bytes
     and quantization state (block scales, code book, nested scales with double quantization).
     Shared tensors count once; meta (offloaded) tensors count nothing.
+
+    Args:
+        model: The model (an `nn.Module`).
     """
     seen: set[tuple[int, int, torch.dtype]] = set()
     total = 0

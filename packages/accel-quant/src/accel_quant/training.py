@@ -30,7 +30,11 @@ def _bnb_layer_types() -> tuple[type, ...]:
 
 
 def is_bnb_quantized(model: nn.Module) -> bool:
-    """True when ``model`` was loaded in 8/4-bit (``is_loaded_in_8bit`` / ``is_loaded_in_4bit``) or holds bitsandbytes layers."""
+    """True when ``model`` was loaded in 8/4-bit (``is_loaded_in_8bit`` / ``is_loaded_in_4bit``) or holds bitsandbytes layers.
+
+    Args:
+        model: The model (an `nn.Module`).
+    """
     if getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False):
         return True
     layer_types = _bnb_layer_types()
@@ -54,6 +58,11 @@ def check_trainable_quantized_model(
     Refused: a model with no trainable parameter (a pure 8-bit / 4-bit model without adapters); a model
     with offloaded parts (CPU next to an accelerator, or disk); a model spread over several devices
     under a distributed run; a model on another device than ``device``, the one it trains on.
+
+    Args:
+        model: The model about to be prepared for training.
+        device: The device the run trains on.
+        distributed: True when the run has several processes.
     """
     if not is_bnb_quantized(model):
         return

@@ -17,7 +17,17 @@ DEFAULT_MASTER_PORT = 29500
 
 @dataclass(frozen=True)
 class ProcessEnvironment:
-    """Rank, world and rendezvous address of this process; ``source`` says which launcher set them."""
+    """Rank, world and rendezvous address of this process; ``source`` says which launcher set them.
+
+    Args:
+        rank: Global index of this process.
+        world_size: Number of processes in the run.
+        local_rank: Index of this process on its machine.
+        local_world_size: Number of processes on this machine.
+        master_addr: Address of the rendezvous host (process 0's machine).
+        master_port: Port of the rendezvous.
+        source: Which launcher set these values (`torchrun`, `mpi`, `slurm`, `single`, ...).
+    """
 
     rank: int = 0
     world_size: int = 1

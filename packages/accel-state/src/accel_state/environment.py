@@ -12,7 +12,12 @@ _FALSE = {"n", "no", "f", "false", "off", "0"}
 
 
 def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
-    """``1``/``0`` (or ``True``/``False`` with ``to_bool``) for the usual spellings of yes and no."""
+    """``1``/``0`` (or ``True``/``False`` with ``to_bool``) for the usual spellings of yes and no.
+
+    Args:
+        value: The text (`yes`, `true`, `1`, `on`, `no`, `false`, `0`, `off`, any case).
+        to_bool: Return a `bool` rather than `1` / `0`.
+    """
     text = str(value).strip().lower()
     if text in _TRUE:
         return True if to_bool else 1
@@ -22,18 +27,33 @@ def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
 
 
 def parse_flag_from_env(key: str, default: bool = False) -> bool:
-    """Boolean value of the environment variable ``key``, ``default`` when unset."""
+    """Boolean value of the environment variable ``key``, ``default`` when unset.
+
+    Args:
+        key: Name of the environment variable.
+        default: The value when the variable is unset.
+    """
     value = os.environ.get(key, str(default))
     return bool(str_to_bool(value)) if value != "" else default
 
 
 def parse_choice_from_env(key: str, default: str = "no") -> str:
-    """String value of the environment variable ``key``, ``default`` when unset."""
+    """String value of the environment variable ``key``, ``default`` when unset.
+
+    Args:
+        key: Name of the environment variable.
+        default: The value returned when the variable is unset.
+    """
     return os.environ.get(key, str(default))
 
 
 def get_int_from_env(env_keys: list[str] | tuple[str, ...], default: int) -> int:
-    """The first non-negative integer found among ``env_keys``, else ``default``."""
+    """The first non-negative integer found among ``env_keys``, else ``default``.
+
+    Args:
+        env_keys: Names of the variables, tried in order.
+        default: The value when none of them holds a non-negative integer.
+    """
     for key in env_keys:
         raw = os.environ.get(key)
         if raw is None or raw == "":
@@ -49,7 +69,11 @@ def get_int_from_env(env_keys: list[str] | tuple[str, ...], default: int) -> int
 
 @contextlib.contextmanager
 def patch_environment(**kwargs: Any) -> Iterator[None]:
-    """Set environment variables (keys upper-cased) for the duration of the block, then restore them."""
+    """Set environment variables (keys upper-cased) for the duration of the block, then restore them.
+
+    Args:
+        **kwargs: Variables to set, as `NAME=value` (names are upper-cased, values turned into strings).
+    """
     saved: dict[str, str | None] = {}
     for key, value in kwargs.items():
         name = key.upper()
@@ -78,7 +102,11 @@ def clear_environment() -> Iterator[None]:
 
 
 def are_libraries_initialized(*library_names: str) -> list[str]:
-    """Those of ``library_names`` that are already imported in this process."""
+    """Those of ``library_names`` that are already imported in this process.
+
+    Args:
+        library_names: Import names of the libraries to look for.
+    """
     import sys
 
     return [name for name in library_names if name in sys.modules]
@@ -100,7 +128,11 @@ def get_cpu_distributed_information() -> dict[str, int]:
 
 def purge_accelerate_environment(func_or_cls: Any) -> Any:
     """Decorator: ``ACCELERATE_*`` variables that the decorated function (or each ``test*`` method of the
-    decorated class) sets or changes are put back as they were when it returns or raises."""
+    decorated class) sets or changes are put back as they were when it returns or raises.
+
+    Args:
+        func_or_cls: The function, or the test class whose `test*` methods are wrapped.
+    """
     import functools
     import inspect
 
@@ -199,7 +231,12 @@ def check_cuda_p2p_ib_support() -> bool:
 
 def set_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
     """Pin this process to the CPUs of the NUMA node of its GPU (NVIDIA, Linux, with pynvml); nothing
-    elsewhere. ``verbose`` (or ``ACCELERATE_DEBUG_MODE``) logs the CPUs chosen."""
+    elsewhere. ``verbose`` (or ``ACCELERATE_DEBUG_MODE``) logs the CPUs chosen.
+
+    Args:
+        local_process_index: Index, on its machine, of the process that runs the function.
+        verbose: Log the CPUs chosen; `None` reads `ACCELERATE_DEBUG_MODE`.
+    """
     import math
 
     from accel_state import imports
@@ -226,7 +263,12 @@ MINIMUM_LINUX_KERNEL = "5.5.0"
 def check_os_kernel(release: str | None = None, system: str | None = None) -> bool:
     """Warn (once per machine, as a log record and a warning) when the Linux kernel is older than
     :data:`MINIMUM_LINUX_KERNEL`, where processes can hang; True when it is (``release`` and ``system``
-    default to this machine's, from :func:`platform.uname`)."""
+    default to this machine's, from :func:`platform.uname`).
+
+    Args:
+        release: Kernel release to check (as `platform.release()` gives it); `None` reads this machine's.
+        system: Operating system name (as `platform.system()`); `None` reads this machine's.
+    """
     import logging
     import platform
     import re

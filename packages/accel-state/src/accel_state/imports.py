@@ -151,7 +151,11 @@ def is_megatron_lm_available() -> bool:
 
 
 def is_bnb_available(min_version: str | None = None) -> bool:
-    """True when bitsandbytes (at least ``min_version`` when given) is installed."""
+    """True when bitsandbytes (at least ``min_version`` when given) is installed.
+
+    Args:
+        min_version: The oldest version that counts as available; `None` accepts any.
+    """
     return _is_package_available("bitsandbytes") and _version_ok("bitsandbytes", min_version)
 
 
@@ -243,7 +247,12 @@ def is_swanlab_available() -> bool:
 
 
 def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:
-    """True when torch_xla is importable (and, if asked, runs on TPU or GPU)."""
+    """True when torch_xla is importable (and, if asked, runs on TPU or GPU).
+
+    Args:
+        check_is_tpu: Only true when XLA runs on a TPU.
+        check_is_gpu: Only true when XLA runs on a GPU.
+    """
     if importlib.util.find_spec("torch_xla") is None:
         return False
     if not (check_is_tpu or check_is_gpu):
@@ -289,7 +298,11 @@ def is_cuda_available() -> bool:
 
 @lru_cache(maxsize=1)
 def is_mps_available(min_version: str = "1.12") -> bool:
-    """True when PyTorch can use the Apple MPS backend."""
+    """True when PyTorch can use the Apple MPS backend.
+
+    Args:
+        min_version: The oldest version that counts as available; `None` accepts any.
+    """
     import torch
 
     backend = getattr(torch.backends, "mps", None)
@@ -298,7 +311,12 @@ def is_mps_available(min_version: str = "1.12") -> bool:
 
 @lru_cache(maxsize=1)
 def is_xpu_available(check_device: bool = False) -> bool:
-    """True when PyTorch can use the Intel XPU backend."""
+    """True when PyTorch can use the Intel XPU backend.
+
+    Args:
+        check_device: Also check that a device can actually be used (initialises the backend), not only that
+            the library is installed.
+    """
     import torch
 
     xpu = getattr(torch, "xpu", None)
@@ -329,37 +347,65 @@ def _device_module_available(name: str, package: str | None) -> bool:
 
 @lru_cache(maxsize=1)
 def is_npu_available(check_device: bool = False) -> bool:
-    """True when PyTorch can use the Ascend NPU backend."""
+    """True when PyTorch can use the Ascend NPU backend.
+
+    Args:
+        check_device: Also check that a device can actually be used (initialises the backend), not only that
+            the library is installed.
+    """
     return _device_module_available("npu", "torch_npu")
 
 
 @lru_cache(maxsize=1)
 def is_mlu_available(check_device: bool = False) -> bool:
-    """True when PyTorch can use the Cambricon MLU backend."""
+    """True when PyTorch can use the Cambricon MLU backend.
+
+    Args:
+        check_device: Also check that a device can actually be used (initialises the backend), not only that
+            the library is installed.
+    """
     return _device_module_available("mlu", "torch_mlu")
 
 
 @lru_cache(maxsize=1)
 def is_musa_available(check_device: bool = False) -> bool:
-    """True when PyTorch can use the Moore Threads MUSA backend."""
+    """True when PyTorch can use the Moore Threads MUSA backend.
+
+    Args:
+        check_device: Also check that a device can actually be used (initialises the backend), not only that
+            the library is installed.
+    """
     return _device_module_available("musa", "torch_musa")
 
 
 @lru_cache(maxsize=1)
 def is_sdaa_available(check_device: bool = False) -> bool:
-    """True when PyTorch can use the SDAA backend."""
+    """True when PyTorch can use the SDAA backend.
+
+    Args:
+        check_device: Also check that a device can actually be used (initialises the backend), not only that
+            the library is installed.
+    """
     return _device_module_available("sdaa", "torch_sdaa")
 
 
 @lru_cache(maxsize=1)
 def is_hpu_available(init_hccl: bool = False) -> bool:
-    """True when PyTorch can use the Intel Gaudi HPU backend."""
+    """True when PyTorch can use the Intel Gaudi HPU backend.
+
+    Args:
+        init_hccl: Also import the HCCL backend of torch.distributed.
+    """
     return _device_module_available("hpu", "habana_frameworks")
 
 
 @lru_cache(maxsize=1)
 def is_bf16_available(ignore_tpu: bool = False) -> bool:
-    """True when bf16 arithmetic is supported on the device this process would use (CPU counts)."""
+    """True when bf16 arithmetic is supported on the device this process would use (CPU counts).
+
+    Args:
+        ignore_tpu: Do not count a TPU as a bf16 device.
+    """
     import torch
 
     if is_cuda_available():
@@ -389,14 +435,17 @@ def is_mpi_available() -> bool:
 
 
 def is_import_timer_available() -> bool:
+    """True when the ``import_timer`` package (import-time profiling) is installed."""
     return _is_package_available("import_timer")
 
 
 def get_ccl_version() -> str:
+    """Version of the installed Intel oneCCL bindings for PyTorch (``oneccl_bind_pt``)."""
     return importlib.metadata.version("oneccl_bind_pt")
 
 
 def is_pytest_available() -> bool:
+    """True when pytest is installed (the test helpers of ``accel_state.testing`` need it)."""
     return _is_package_available("pytest")
 
 
@@ -440,6 +489,7 @@ def is_habana_gaudi1() -> bool:
 
 
 def is_torchvision_v2_available() -> bool:
+    """True when torchvision 0.15 or newer (its ``transforms.v2`` API) is installed."""
     return is_torchvision_available() and compare_versions(importlib.metadata.version("torchvision"), ">=", "0.15")
 
 

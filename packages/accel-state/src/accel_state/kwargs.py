@@ -52,7 +52,15 @@ _BACKENDS = ("nccl", "gloo", "mpi", "ccl", "xccl", "hccl", "cncl", "mccl", "tccl
 
 @dataclass
 class InitProcessGroupKwargs(KwargsHandler):
-    """Arguments for ``torch.distributed.init_process_group``: backend, init method and timeout."""
+    """Arguments for ``torch.distributed.init_process_group``: backend, init method and timeout.
+
+    Args:
+        backend: The `torch.distributed` backend (`nccl`, `gloo`, ...); `None` picks the one for the device.
+        init_method: URL that tells the processes how to find each other; `None` uses the environment
+            variables the launcher set.
+        timeout: How long a collective may wait before failing (`datetime.timedelta`); `None` keeps torch's
+            default.
+    """
 
     backend: str | None = "nccl"
     init_method: str | None = None

@@ -22,7 +22,15 @@ class MultiProcessAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
         return not main_process_only or state.is_main_process
 
     def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
-        """Log ``msg`` on the main process (``main_process_only=False``: on all; ``in_order=True``: rank by rank)."""
+        """Log ``msg`` on the main process (``main_process_only=False``: on all; ``in_order=True``: rank by rank).
+
+        Args:
+            level: The logging level (`logging.INFO`, ...).
+            msg: The message, as for `logging.Logger.log`.
+            *args: Arguments merged into `msg`.
+            **kwargs: `main_process_only` (default `True`) and `in_order` (default `False`) choose which
+                processes log; the rest go to `logging.Logger.log`.
+        """
         main_process_only = kwargs.pop("main_process_only", True)
         in_order = kwargs.pop("in_order", False)
         kwargs.setdefault("stacklevel", 2)
@@ -49,11 +57,22 @@ class MultiProcessAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
         self.warning(*args, **kwargs)
 
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        """Prefix nothing; pass the message and keyword arguments on as they are (the `LoggerAdapter` hook).
+
+        Args:
+            msg: The log message.
+            **kwargs: The keyword arguments of the logging call.
+        """
         return msg, kwargs
 
 
 def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:
-    """A logger for ``name``; level from ``log_level`` or ``ACCELERATE_LOG_LEVEL``."""
+    """A logger for ``name``; level from ``log_level`` or ``ACCELERATE_LOG_LEVEL``.
+
+    Args:
+        name: Name of the logger, usually `__name__`.
+        log_level: Its level; `None` reads `ACCELERATE_LOG_LEVEL` (else the root logger's).
+    """
     level = log_level or os.environ.get("ACCELERATE_LOG_LEVEL")
     logger = logging.getLogger(name)
     if level is not None:

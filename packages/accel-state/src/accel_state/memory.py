@@ -20,7 +20,11 @@ _OOM_MESSAGES = (
 
 
 def clear_device_cache(garbage_collection: bool = False) -> None:
-    """Empty the cache of whichever accelerator is in use (and run the garbage collector if asked)."""
+    """Empty the cache of whichever accelerator is in use (and run the garbage collector if asked).
+
+    Args:
+        garbage_collection: Run `gc.collect()` first.
+    """
     if garbage_collection:
         gc.collect()
     import torch
@@ -41,7 +45,11 @@ def clear_device_cache(garbage_collection: bool = False) -> None:
 
 
 def release_memory(*objects: Any) -> list[None]:
-    """Drop the given references, collect garbage and empty device caches; returns ``None`` for each."""
+    """Drop the given references, collect garbage and empty device caches; returns ``None`` for each.
+
+    Args:
+        objects: The objects to drop; the same number of `None` is returned to assign over them.
+    """
     released: list[None] = [None] * len(objects)
     del objects
     clear_device_cache(garbage_collection=True)
@@ -49,7 +57,11 @@ def release_memory(*objects: Any) -> list[None]:
 
 
 def should_reduce_batch_size(exception: BaseException) -> bool:
-    """True when ``exception`` is an out-of-memory error that a smaller batch could avoid."""
+    """True when ``exception`` is an out-of-memory error that a smaller batch could avoid.
+
+    Args:
+        exception: The exception raised by the step.
+    """
     import torch
 
     if isinstance(exception, torch.OutOfMemoryError):
@@ -82,6 +94,12 @@ def find_executable_batch_size(
     ``reduce_batch_size_fn()`` returns (called without arguments, as the documented system does; a
     function that requires one argument is given the failed batch size). The size that last worked is
     kept: a later call of the decorated function starts from it.
+
+    Args:
+        function: The function to call; its first argument is the batch size (when used as
+            `@find_executable_batch_size(...)`, leave it out).
+        starting_batch_size: The batch size of the first attempt.
+        reduce_batch_size_fn: Gives the next batch size from the current one; `None` halves it.
 
     Raises:
         RuntimeError: the batch size reached zero.

@@ -14,22 +14,39 @@ class DistributedOperationException(Exception):
 
 
 def is_torch_tensor(tensor: Any) -> bool:
-    """True when ``tensor`` is a ``torch.Tensor``."""
+    """True when ``tensor`` is a ``torch.Tensor``.
+
+    Args:
+        tensor: A tensor, or a nested list / tuple / dict of tensors.
+    """
     return isinstance(tensor, torch.Tensor)
 
 
 def is_tensor_information(tensor_info: Any) -> bool:
-    """True when ``tensor_info`` is a ``TensorInformation`` (shape and dtype of a tensor to come)."""
+    """True when ``tensor_info`` is a ``TensorInformation`` (shape and dtype of a tensor to come).
+
+    Args:
+        tensor_info: The object to test.
+    """
     return isinstance(tensor_info, TensorInformation)
 
 
 def is_namedtuple(data: Any) -> bool:
-    """True for instances of ``collections.namedtuple`` / ``typing.NamedTuple`` classes."""
+    """True for instances of ``collections.namedtuple`` / ``typing.NamedTuple`` classes.
+
+    Args:
+        data: A tensor, or a nested list / tuple / dict of tensors (other leaves are kept as they are).
+    """
     return isinstance(data, tuple) and hasattr(data, "_fields") and hasattr(data, "_asdict")
 
 
 class TensorInformation:
-    """Shape and dtype of a tensor, standing for it when only its description travels."""
+    """Shape and dtype of a tensor, standing for it when only its description travels.
+
+    Args:
+        shape: Shape of the tensor.
+        dtype: Its dtype.
+    """
 
     def __init__(self, shape: torch.Size, dtype: torch.dtype) -> None:
         self.shape = shape
@@ -40,7 +57,12 @@ class TensorInformation:
 
 
 def honor_type(obj: Any, generator: Any) -> Any:
-    """Rebuild a list, tuple or namedtuple of ``obj``'s type from ``generator``."""
+    """Rebuild a list, tuple or namedtuple of ``obj``'s type from ``generator``.
+
+    Args:
+        generator: The generator to synchronise; `None` uses the one of the RNG type.
+        obj: The sequence whose type (list, tuple or namedtuple) is kept.
+    """
     if is_namedtuple(obj):
         return type(obj)(*list(generator))
     return type(obj)(generator)
@@ -66,7 +88,16 @@ def recursively_apply(
     error_on_other_type: bool = False,
     **kwargs: Any,
 ) -> Any:
-    """Apply ``func`` to every leaf of ``data`` that passes ``test_type``, keeping the container types."""
+    """Apply ``func`` to every leaf of ``data`` that passes ``test_type``, keeping the container types.
+
+    Args:
+        data: A tensor, or a nested list / tuple / dict of tensors (other leaves are kept as they are).
+        *args: Positional arguments passed on unchanged.
+        **kwargs: Keyword arguments passed on unchanged.
+        func: The function applied to each leaf that passes `test_type`.
+        test_type: Which leaves `func` applies to (default: tensors).
+        error_on_other_type: Raise `TypeError` on a leaf of another type instead of returning it unchanged.
+    """
     if isinstance(data, (tuple, list)):
         return honor_type(
             data,
@@ -100,7 +131,14 @@ def recursively_apply(
 def send_to_device(
     tensor: Any, device: Any, non_blocking: bool = False, skip_keys: str | Sequence[str] | None = None
 ) -> Any:
-    """Move every tensor (or object with ``.to``) in ``tensor`` to ``device``; ``skip_keys`` stay put."""
+    """Move every tensor (or object with ``.to``) in ``tensor`` to ``device``; ``skip_keys`` stay put.
+
+    Args:
+        tensor: A tensor, or a nested list / tuple / dict of tensors.
+        device: The target device.
+        non_blocking: Copy asynchronously where the device allows it.
+        skip_keys: Keys of dicts whose values are left where they are (a string or a list of them).
+    """
     if isinstance(tensor, (tuple, list)):
         return honor_type(tensor, (send_to_device(t, device, non_blocking, skip_keys) for t in tensor))
     if isinstance(tensor, Mapping):
@@ -126,24 +164,40 @@ def send_to_device(
 
 
 def get_data_structure(data: Any) -> Any:
-    """``data`` with each tensor replaced by its :class:`TensorInformation`."""
+    """``data`` with each tensor replaced by its :class:`TensorInformation`.
+
+    Args:
+        data: A tensor, or a nested list / tuple / dict of tensors (other leaves are kept as they are).
+    """
     return recursively_apply(lambda t: TensorInformation(shape=t.shape, dtype=t.dtype), data)
 
 
 def get_shape(data: Any) -> Any:
-    """``data`` with each tensor replaced by its shape as a list."""
+    """``data`` with each tensor replaced by its shape as a list.
+
+    Args:
+        data: A tensor, or a nested list / tuple / dict of tensors (other leaves are kept as they are).
+    """
     return recursively_apply(lambda t: list(t.shape), data)
 
 
 def initialize_tensors(data_structure: Any) -> Any:
-    """Empty tensors matching a structure of :class:`TensorInformation`."""
+    """Empty tensors matching a structure of :class:`TensorInformation`.
+
+    Args:
+        data_structure: A nested structure of `TensorInformation`.
+    """
     return recursively_apply(
         lambda info: torch.empty(*info.shape, dtype=info.dtype), data_structure, test_type=is_tensor_information
     )
 
 
 def listify(data: Any) -> Any:
-    """``data`` with each tensor turned into a Python number or (nested) list."""
+    """``data`` with each tensor turned into a Python number or (nested) list.
+
+    Args:
+        data: A tensor, or a nested list / tuple / dict of tensors (other leaves are kept as they are).
+    """
 
     def _to_list(tensor: torch.Tensor) -> Any:
         tensor = tensor.detach().cpu()
@@ -155,7 +209,11 @@ def listify(data: Any) -> Any:
 
 
 def find_batch_size(data: Any) -> int:
-    """Size of the first dimension of the first tensor found in ``data``."""
+    """Size of the first dimension of the first tensor found in ``data``.
+
+    Args:
+        data: A tensor, or a nested list / tuple / dict of tensors (other leaves are kept as they are).
+    """
     if isinstance(data, (tuple, list, Mapping)) and len(data) == 0:
         raise ValueError(f"cannot find the batch size from an empty {type(data).__name__}")
     if isinstance(data, (tuple, list)):
@@ -171,7 +229,11 @@ def find_batch_size(data: Any) -> int:
 
 
 def ignorant_find_batch_size(data: Any) -> int | None:
-    """Like :func:`find_batch_size`, but ``None`` instead of an error."""
+    """Like :func:`find_batch_size`, but ``None`` instead of an error.
+
+    Args:
+        data: A tensor, or a nested list / tuple / dict of tensors (other leaves are kept as they are).
+    """
     try:
         return find_batch_size(data)
     except (ValueError, TypeError):
@@ -179,7 +241,11 @@ def ignorant_find_batch_size(data: Any) -> int | None:
 
 
 def find_device(data: Any) -> torch.device | None:
-    """Device of the first tensor found in ``data`` (``None`` if there is none)."""
+    """Device of the first tensor found in ``data`` (``None`` if there is none).
+
+    Args:
+        data: A tensor, or a nested list / tuple / dict of tensors (other leaves are kept as they are).
+    """
     if isinstance(data, Mapping):
         for value in data.values():
             device = find_device(value)
@@ -198,7 +264,14 @@ def find_device(data: Any) -> torch.device | None:
 def slice_tensors(
     data: Any, tensor_slice: Any, process_index: int | None = None, num_processes: int | None = None
 ) -> Any:
-    """``data`` with each tensor indexed by ``tensor_slice``."""
+    """``data`` with each tensor indexed by ``tensor_slice``.
+
+    Args:
+        data: A tensor, or a nested list / tuple / dict of tensors (other leaves are kept as they are).
+        process_index: Global index of the process that runs the function.
+        tensor_slice: The slice taken of each tensor.
+        num_processes: Unused; kept for the documented signature.
+    """
     return recursively_apply(lambda t: t[tensor_slice], data)
 
 
@@ -206,6 +279,10 @@ def concatenate(data: list[Any], dim: int = 0) -> Any:
     """Concatenate a list of structures of tensors along ``dim``, leaf by leaf.
 
     A list holding one object that is not a tensor (nor a structure of them) gives that object back.
+
+    Args:
+        data: A tensor, or a nested list / tuple / dict of tensors (other leaves are kept as they are).
+        dim: The dimension to work along.
     """
     if not isinstance(data, (list, tuple)) or len(data) == 0:
         raise ValueError("concatenate needs a non-empty list of tensors or of structures of tensors")
@@ -222,7 +299,11 @@ def concatenate(data: list[Any], dim: int = 0) -> Any:
 
 
 def convert_to_fp32(tensor: Any) -> Any:
-    """``tensor`` with every fp16 / bf16 tensor converted to fp32."""
+    """``tensor`` with every fp16 / bf16 tensor converted to fp32.
+
+    Args:
+        tensor: A tensor, or a nested list / tuple / dict of tensors.
+    """
     return recursively_apply(
         lambda t: t.float(),
         tensor,
@@ -231,7 +312,11 @@ def convert_to_fp32(tensor: Any) -> Any:
 
 
 class ConvertOutputsToFp32:
-    """Wrap a forward so its half-precision outputs come back in fp32 (picklable)."""
+    """Wrap a forward so its half-precision outputs come back in fp32 (picklable).
+
+    Args:
+        model_forward: The `forward` function whose outputs are converted.
+    """
 
     def __init__(self, model_forward: Callable[..., Any]) -> None:
         self.model_forward = model_forward
@@ -248,7 +333,11 @@ class ConvertOutputsToFp32:
 
 
 def convert_outputs_to_fp32(model_forward: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorator form of :class:`ConvertOutputsToFp32`."""
+    """Decorator form of :class:`ConvertOutputsToFp32`.
+
+    Args:
+        model_forward: The `forward` function whose outputs are converted.
+    """
     model_forward = ConvertOutputsToFp32(model_forward)
 
     def forward(*args: Any, **kwargs: Any) -> Any:

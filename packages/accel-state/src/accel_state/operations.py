@@ -82,7 +82,11 @@ def _dtypes(data: Any) -> Any:
 
 
 def verify_operation(function: F) -> F:
-    """In debug mode, check that every process sends tensors of the same shapes before ``function`` runs."""
+    """In debug mode, check that every process sends tensors of the same shapes before ``function`` runs.
+
+    Args:
+        function: The collective to wrap.
+    """
 
     @wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -112,7 +116,11 @@ def verify_operation(function: F) -> F:
 
 
 def chained_operation(function: F) -> F:
-    """Re-raise a :class:`DistributedOperationException` from an inner collective with the outer name."""
+    """Re-raise a :class:`DistributedOperationException` from an inner collective with the outer name.
+
+    Args:
+        function: The collective to wrap.
+    """
 
     @wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -143,7 +151,11 @@ def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
 @watched_collective()
 @verify_operation
 def gather(tensor: Any) -> Any:
-    """Concatenate ``tensor`` (or each tensor in a nested structure) from every process along dim 0."""
+    """Concatenate ``tensor`` (or each tensor in a nested structure) from every process along dim 0.
+
+    Args:
+        tensor: A tensor, or a nested structure of tensors, with the same shapes on every process.
+    """
     if world_size("gather") == 1:
         return tensor
     return recursively_apply(_gather_one, tensor, error_on_other_type=True)
@@ -151,7 +163,11 @@ def gather(tensor: Any) -> Any:
 
 @watched_collective()
 def gather_object(object: Any) -> list[Any]:
-    """Gather picklable objects from every process; lists are concatenated, other objects listed."""
+    """Gather picklable objects from every process; lists are concatenated, other objects listed.
+
+    Args:
+        object: A picklable object, or a list of them (lists are concatenated).
+    """
     if world_size("gather_object") == 1:
         return object
     everyone: list[Any] = [None] * dist.get_world_size()
@@ -170,7 +186,13 @@ def _broadcast_one(tensor: torch.Tensor, src: int) -> torch.Tensor:
 @watched_collective()
 @verify_operation
 def broadcast(tensor: Any, from_process: int = 0) -> Any:
-    """Send ``tensor`` (or a nested structure of tensors) from ``from_process`` to every process."""
+    """Send ``tensor`` (or a nested structure of tensors) from ``from_process`` to every process.
+
+    Args:
+        tensor: The tensor (or nested structure of tensors) to send or receive into; same shapes on every
+            process.
+        from_process: Index of the process whose value is sent to the others.
+    """
     if world_size("broadcast") == 1:
         return tensor
     return recursively_apply(_broadcast_one, tensor, error_on_other_type=True, src=from_process)
@@ -178,7 +200,12 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
 
 @watched_collective()
 def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
-    """Replace, in place, the items of ``object_list`` by those of process ``from_process``."""
+    """Replace, in place, the items of ``object_list`` by those of process ``from_process``.
+
+    Args:
+        object_list: A list of picklable objects; on the other processes it is overwritten in place.
+        from_process: Index of the process whose value is sent to the others.
+    """
     if world_size("broadcast_object_list") == 1:
         return object_list
     dist.broadcast_object_list(object_list, src=from_process)
@@ -194,6 +221,11 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     """Reduce tensors across processes, element-wise, then multiply by ``scale``.
 
     ``reduction`` is ``sum``, ``mean``, ``max``, ``min`` or ``none`` (each process keeps its own).
+
+    Args:
+        tensor: A tensor or nested structure of tensors.
+        reduction: `sum`, `mean` or `none`.
+        scale: A factor the result is multiplied by.
     """
     if reduction not in (*_REDUCE_OPS, "none"):
         raise ValueError(f"reduction must be 'sum', 'mean', 'max', 'min' or 'none', got {reduction!r}")
@@ -213,7 +245,14 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
 @watched_collective()
 @chained_operation
 def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
-    """Pad tensors along ``dim`` with ``pad_index`` to the largest size among processes, so they can be gathered."""
+    """Pad tensors along ``dim`` with ``pad_index`` to the largest size among processes, so they can be gathered.
+
+    Args:
+        tensor: A tensor or nested structure of tensors, whose sizes may differ between processes along `dim`.
+        dim: The dimension to pad.
+        pad_index: The value padding is filled with.
+        pad_first: Pad at the start instead of the end.
+    """
     size = world_size("pad_across_processes")
 
     def _pad_one(t: torch.Tensor) -> torch.Tensor:
@@ -246,7 +285,14 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
 
 
 def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int = 0) -> Any:
-    """Pad tensors along ``dim`` (repeating zeros) so ``batch_size`` divides evenly by ``num_processes``."""
+    """Pad tensors along ``dim`` (repeating zeros) so ``batch_size`` divides evenly by ``num_processes``.
+
+    Args:
+        tensor: A tensor or nested structure of tensors.
+        batch_size: The current size along `dim`.
+        num_processes: The number of processes it must divide into.
+        dim: The dimension to pad.
+    """
     remainder = batch_size % num_processes
     if remainder == 0:
         return tensor
@@ -263,7 +309,11 @@ def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int
 
 
 def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
-    """Send a tensor that exists on process 0 only to every process (others pass ``None``)."""
+    """Send a tensor that exists on process 0 only to every process (others pass ``None``).
+
+    Args:
+        tensor: The tensor on process 0; `None` on the others.
+    """
     if world_size("copy_tensor_to_devices") == 1:
         if tensor is None:
             raise ValueError("copy_tensor_to_devices needs a tensor on the main process")
@@ -287,7 +337,11 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
 
 
 def gather_tensor_shape(tensor: torch.Tensor) -> list[int]:
-    """Shape of the tensor held by process 0, known on every process."""
+    """Shape of the tensor held by process 0, known on every process.
+
+    Args:
+        tensor: The tensor whose shape every process learns.
+    """
     meta: list[Any] = [list(tensor.shape) if tensor is not None else None]
     if world_size("gather_tensor_shape") > 1:
         dist.broadcast_object_list(meta, src=0)

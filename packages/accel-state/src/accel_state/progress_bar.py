@@ -7,7 +7,13 @@ from typing import Any
 
 def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
     """``tqdm.auto.tqdm(*args, **kwargs)``, disabled on every process but the local main one when
-    ``main_process_only`` (tqdm is an optional dependency: an ImportError says how to install it)."""
+    ``main_process_only`` (tqdm is an optional dependency: an ImportError says how to install it).
+
+    Args:
+        *args: Positional arguments passed on unchanged.
+        **kwargs: Keyword arguments passed on unchanged.
+        main_process_only: Show the bar on the local main process only (disabled on the others).
+    """
     from accel_state.imports import is_tqdm_available
 
     if not is_tqdm_available():

@@ -69,7 +69,13 @@ def _set_state(rng_type: RNGType, state: torch.Tensor, generator: torch.Generato
 
 
 def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torch.Generator | None = None) -> None:
-    """Copy the state of one generator from process 0 to every process (no-op in one process)."""
+    """Copy the state of one generator from process 0 to every process (no-op in one process).
+
+    Args:
+        rng_type: Which generator: `torch`, `cuda`, `xla`, `npu`, `xpu`, `mlu`, `musa`, `hpu`, `sdaa` or
+            `generator`.
+        generator: The generator to synchronise; `None` uses the one of the RNG type.
+    """
     from accel_state.operations import world_size
 
     if world_size("synchronize_rng_state") == 1:
@@ -86,7 +92,12 @@ def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torc
 
 
 def synchronize_rng_states(rng_types: Iterable[RNGType | str], generator: torch.Generator | None = None) -> None:
-    """Synchronise each generator named in ``rng_types`` (see :func:`synchronize_rng_state`)."""
+    """Synchronise each generator named in ``rng_types`` (see :func:`synchronize_rng_state`).
+
+    Args:
+        rng_types: The generators to synchronise (see `synchronize_rng_state`).
+        generator: The generator to synchronise; `None` uses the one of the RNG type.
+    """
     for rng_type in rng_types:
         synchronize_rng_state(RNGType.parse(rng_type), generator=generator)  # type: ignore[arg-type]
 

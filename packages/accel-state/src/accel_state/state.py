@@ -182,6 +182,7 @@ class PartialState:
 
     @property
     def is_fsdp2(self) -> bool:
+        """True when this run uses FSDP2 (read from the launcher's environment)."""
         return self.distributed_type == DistributedType.FSDP and os.environ.get("FSDP_VERSION", "1") == "2"
 
     # -- process control --------------------------------------------------------------------------
@@ -197,6 +198,12 @@ class PartialState:
 
         With ``apply_padding`` every share has the same length, the last element repeated, so that
         the results can be gathered; drop the extra results afterwards.
+
+        Args:
+            inputs: What to split: a list, tuple, dict of lists / tensors, or a tensor (split along its first
+                dimension).
+            apply_padding: Repeat the last item so every process gets the same number of items (useful before
+                `gather`).
         """
         from accel_state.splitting import split_for_process
 
@@ -229,31 +236,58 @@ class PartialState:
         return wrapper  # type: ignore[return-value]
 
     def on_main_process(self, function: F) -> F:
-        """Decorator: run ``function`` on the main process only."""
+        """Decorator: run ``function`` on the main process only.
+
+        Args:
+            function: The function to wrap.
+        """
         return self._only_if(lambda: self.is_main_process, function)
 
     def on_local_main_process(self, function: F) -> F:
-        """Decorator: run ``function`` on the local main process of each machine only."""
+        """Decorator: run ``function`` on the local main process of each machine only.
+
+        Args:
+            function: The function to wrap.
+        """
         return self._only_if(lambda: self.is_local_main_process, function)
 
     def on_last_process(self, function: F) -> F:
-        """Decorator: run ``function`` on the last process only."""
+        """Decorator: run ``function`` on the last process only.
+
+        Args:
+            function: The function to wrap.
+        """
         return self._only_if(lambda: self.is_last_process, function)
 
     def on_process(self, function: F | None = None, process_index: int | None = None) -> Any:
-        """Decorator: run ``function`` on the process of global index ``process_index`` only."""
+        """Decorator: run ``function`` on the process of global index ``process_index`` only.
+
+        Args:
+            function: The function to wrap.
+            process_index: Global index of the process that runs the function.
+        """
         if function is None:
             return functools.partial(self.on_process, process_index=process_index)
         return self._only_if(lambda: self.process_index == process_index, function)
 
     def on_local_process(self, function: F | None = None, local_process_index: int | None = None) -> Any:
-        """Decorator: run ``function`` on the process of local index ``local_process_index`` only."""
+        """Decorator: run ``function`` on the process of local index ``local_process_index`` only.
+
+        Args:
+            function: The function to wrap.
+            local_process_index: Index, on its machine, of the process that runs the function.
+        """
         if function is None:
             return functools.partial(self.on_local_process, local_process_index=local_process_index)
         return self._only_if(lambda: self.local_process_index == local_process_index, function)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` once per machine (on the local main process)."""
+        """``print`` once per machine (on the local main process).
+
+        Args:
+            *args: What to print, as for `print`.
+            **kwargs: Keyword arguments of `print`.
+        """
         if self.is_local_main_process:
             print(*args, **kwargs)
 
@@ -263,7 +297,11 @@ class PartialState:
             getattr(_torch(), self.device.type).set_device(self.device)
 
     def destroy_process_group(self, group: Any = None) -> None:
-        """Tear down the process group this state started (or ``group``)."""
+        """Tear down the process group this state started (or ``group``).
+
+        Args:
+            group: The process group to destroy; `None` destroys the default group.
+        """
         import torch.distributed as dist
 
         if group is not None:
@@ -310,6 +348,20 @@ class AcceleratorState:
     """Everything :class:`PartialState` knows, plus mixed precision and the parallelism plugins.
 
     Attributes not defined here (``device``, ``num_processes``, ...) come from :class:`PartialState`.
+
+    Args:
+        mixed_precision: `no`, `fp16`, `bf16` or `fp8`; `None` reads `ACCELERATE_MIXED_PRECISION` (default
+            `no`).
+        cpu: Run on CPU even when an accelerator is present.
+        dynamo_plugin: The `torch.compile` settings (`TorchDynamoPlugin`), or `None` to read them from the
+            environment.
+        deepspeed_plugin: A `DeepSpeedPlugin`, or a dict of named ones, when DeepSpeed is used.
+        fsdp_plugin: A `FullyShardedDataParallelPlugin` when FSDP is used.
+        torch_tp_plugin: A `TorchTensorParallelPlugin` when tensor parallelism is used.
+        megatron_lm_plugin: A `MegatronLMPlugin` when Megatron-LM is used.
+        parallelism_config: A `ParallelismConfig` describing an ND device mesh (data, tensor, context parallel
+            sizes).
+        **kwargs: Passed on to `PartialState` (for example `cpu`, `backend`, `timeout`).
     """
 
     _shared_state: dict[str, Any] = {}
@@ -411,6 +463,7 @@ class AcceleratorState:
 
     @property
     def initialized(self) -> bool:
+        """True once the shared state has been set up in this process."""
         return self._shared_state.get("_initialized", False)
 
     @property
@@ -420,10 +473,12 @@ class AcceleratorState:
 
     @property
     def use_distributed(self) -> bool:
+        """True when the run has more than one process."""
         return self._partial.use_distributed
 
     @property
     def is_fsdp2(self) -> bool:
+        """True when the FSDP plugin of this run uses FSDP2 (`fully_shard`)."""
         plugin = self.fsdp_plugin
         return self.distributed_type == DistributedType.FSDP and getattr(plugin, "fsdp_version", 1) == 2
 
@@ -439,14 +494,22 @@ class AcceleratorState:
         return next(iter(plugins.values()))
 
     def get_deepspeed_plugin(self, name: str) -> Any:
-        """The DeepSpeed plugin registered under ``name``."""
+        """The DeepSpeed plugin registered under ``name``.
+
+        Args:
+            name: Name of the plugin, as a key of the `deepspeed_plugins` dict given to the `Accelerator`.
+        """
         if not self.deepspeed_plugins or name not in self.deepspeed_plugins:
             known = list(self.deepspeed_plugins or {})
             raise KeyError(f"no DeepSpeed plugin named {name!r}; known plugins: {known}")
         return self.deepspeed_plugins[name]
 
     def select_deepspeed_plugin(self, name: str | None = None) -> None:
-        """Make the DeepSpeed plugin ``name`` the active one."""
+        """Make the DeepSpeed plugin ``name`` the active one.
+
+        Args:
+            name: Name of the plugin, as a key of the `deepspeed_plugins` dict given to the `Accelerator`.
+        """
         for key, plugin in (self.deepspeed_plugins or {}).items():
             if key != name and hasattr(plugin, "_unselect"):
                 plugin._unselect()
@@ -463,9 +526,16 @@ class AcceleratorState:
 
     # Process-control helpers are those of PartialState.
     def wait_for_everyone(self) -> None:
+        """Block until every process reaches this point (a no-op on one process)."""
         self._partial.wait_for_everyone()
 
     def print(self, *args: Any, **kwargs: Any) -> None:
+        """Print on the main process only.
+
+        Args:
+            *args: What to print, as for `print`.
+            **kwargs: Keyword arguments of `print`.
+        """
         self._partial.print(*args, **kwargs)
 
 
@@ -501,6 +571,7 @@ class GradientState:
 
     @property
     def initialized(self) -> bool:
+        """True once the gradient state has been set up in this process."""
         return self._shared_state.get("_initialized", False)
 
     @property
@@ -510,14 +581,17 @@ class GradientState:
 
     @property
     def adjust_scheduler(self) -> bool:
+        """Whether a prepared scheduler steps only when the gradients are synchronised (from the accumulation plugin)."""
         return bool(self.plugin_kwargs["adjust_scheduler"])
 
     @property
     def sync_with_dataloader(self) -> bool:
+        """Whether the end of the data loader forces a gradient synchronisation (from the accumulation plugin)."""
         return bool(self.plugin_kwargs["sync_with_dataloader"])
 
     @property
     def sync_each_batch(self) -> bool:
+        """Whether gradients are synchronised on every batch even while accumulating (from the accumulation plugin)."""
         return bool(self.plugin_kwargs["sync_each_batch"])
 
     @property
@@ -538,10 +612,12 @@ class GradientState:
 
     @property
     def is_xla_gradients_synced(self) -> bool:
+        """Whether XLA gradients were already reduced in this step (TPU)."""
         return self._is_xla_gradients_synced
 
     @is_xla_gradients_synced.setter
     def is_xla_gradients_synced(self, value: bool) -> None:
+        """Whether XLA gradients were already reduced in this step (TPU)."""
         self._is_xla_gradients_synced = value
 
     def _set_sync_gradients(self, sync_gradients: bool) -> None:

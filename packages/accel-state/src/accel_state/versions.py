@@ -43,7 +43,13 @@ def parse_version(text: str) -> tuple[Any, ...]:
 
 
 def compare_versions(library_or_version: str, operation: str, requirement_version: str) -> bool:
-    """Compare an installed library's version (or a version string) with ``requirement_version``."""
+    """Compare an installed library's version (or a version string) with ``requirement_version``.
+
+    Args:
+        library_or_version: An installed package's name, or a version (string or `packaging` version).
+        operation: A comparison as a string: `<`, `<=`, `==`, `!=`, `>=` or `>`.
+        requirement_version: The version to compare against.
+    """
     if operation not in _OPS:
         raise ValueError(f"operation {operation!r} must be one of {list(_OPS)}")
     version = library_or_version
@@ -53,7 +59,12 @@ def compare_versions(library_or_version: str, operation: str, requirement_versio
 
 
 def is_torch_version(operation: str, version: str) -> bool:
-    """Compare the installed torch version with ``version`` (for example ``is_torch_version(">=", "2.4")``)."""
+    """Compare the installed torch version with ``version`` (for example ``is_torch_version(">=", "2.4")``).
+
+    Args:
+        operation: A comparison as a string: `<`, `<=`, `==`, `!=`, `>=` or `>`.
+        version: The version to compare the installed torch against.
+    """
     return compare_versions(torch_version(), operation, version)
 
 

@@ -19,7 +19,13 @@ logger = logging.getLogger(__name__)
 
 
 class TrackerError(RuntimeError):
-    """One or more trackers failed in ``action``; ``failures`` maps each tracker's name to its exception."""
+    """One or more trackers failed in ``action``; ``failures`` maps each tracker's name to its exception.
+
+    Args:
+        action: What was being done (`start`, `log`, `finish`, ...).
+        failures: Name of each failed tracker -> its exception.
+        succeeded: Names of the trackers that did not fail.
+    """
 
     def __init__(self, action: str, failures: dict[str, BaseException], succeeded: list[str]) -> None:
         self.action = action
@@ -74,6 +80,14 @@ def log_to_all(
     the values. A tracker that raises is skipped and the others still log; at the end a
     :class:`TrackerError` names every failed tracker (``raise_errors=False``: the failures are logged
     and returned instead). Returns ``{tracker name: exception}`` for the failures (empty when all logged).
+
+    Args:
+        trackers: The trackers (started `GeneralTracker` instances).
+        values: Name -> value to log.
+        step: The step these values belong to; `None` lets the backend count.
+        log_kwargs: Tracker name -> extra keyword arguments of that tracker's `log`.
+        raise_errors: Raise a `TrackerError` after all trackers ran when one failed; `False` returns the
+            failures instead.
     """
     step = as_step(step)  # a bad step fails here, before any tracker logged
     clean = normalize_values(values)
@@ -94,12 +108,25 @@ def log_to_all(
 def store_config_to_all(
     trackers: Iterable[GeneralTracker], config: Mapping[str, Any], raise_errors: bool = True
 ) -> dict[str, BaseException]:
-    """``store_init_configuration(config)`` on every tracker, with the same isolation as :func:`log_to_all`."""
+    """``store_init_configuration(config)`` on every tracker, with the same isolation as :func:`log_to_all`.
+
+    Args:
+        trackers: The trackers (started `GeneralTracker` instances).
+        config: The hyper-parameters to store.
+        raise_errors: Raise a `TrackerError` after all trackers ran when one failed; `False` returns the
+            failures instead.
+    """
     return _run_all("store_init_configuration", trackers, lambda t: t.store_init_configuration(config), raise_errors)
 
 
 def start_all(trackers: Iterable[GeneralTracker], raise_errors: bool = True) -> dict[str, BaseException]:
-    """``start()`` on every tracker (those without one are skipped), isolated like :func:`log_to_all`."""
+    """``start()`` on every tracker (those without one are skipped), isolated like :func:`log_to_all`.
+
+    Args:
+        trackers: The trackers (started `GeneralTracker` instances).
+        raise_errors: Raise a `TrackerError` after all trackers ran when one failed; `False` returns the
+            failures instead.
+    """
 
     def call(tracker: Any) -> None:
         start = getattr(tracker, "start", None)
@@ -113,5 +140,10 @@ def finish_all(trackers: Iterable[GeneralTracker], raise_errors: bool = True) ->
     """``finish()`` on every tracker: all are finished even when one fails; then a :class:`TrackerError`.
 
     The built-in trackers' ``finish`` is idempotent, so calling this twice is harmless.
+
+    Args:
+        trackers: The trackers (started `GeneralTracker` instances).
+        raise_errors: Raise a `TrackerError` after all trackers ran when one failed; `False` returns the
+            failures instead.
     """
     return _run_all("finish", trackers, lambda t: t.finish(), raise_errors)

@@ -28,6 +28,9 @@ def on_main_process(function: F) -> F:
     The check happens at call time (not when the class is defined) and reads the instance's
     ``main_process_only`` attribute: a tracker that sets it to ``False`` runs the method on every process.
     On other processes the method returns ``None``.
+
+    Args:
+        function: The tracker method to wrap.
     """
 
     @functools.wraps(function)
@@ -85,10 +88,20 @@ class GeneralTracker:
         """Create the backend's run; the Accelerator calls it once, after the process group exists."""
 
     def store_init_configuration(self, values: dict) -> None:
-        """Store ``values`` as the run's hyper-parameters (once, at the start)."""
+        """Store ``values`` as the run's hyper-parameters (once, at the start).
+
+        Args:
+            values: The hyper-parameters, as a dict.
+        """
 
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        """Log ``values`` (name -> number or text) for ``step``."""
+        """Log ``values`` (name -> number or text) for ``step``.
+
+        Args:
+            values: Name -> value to log.
+            step: The step these values belong to; `None` lets the backend count.
+            **kwargs: Extra keyword arguments passed on to the backend's own call.
+        """
 
     def finish(self) -> None:
         """Close the run and flush what is pending; a tracker with nothing to close keeps this no-op."""
@@ -167,14 +180,24 @@ class BackendTracker(GeneralTracker):
 
     @on_main_process
     def store_init_configuration(self, values: dict) -> None:
-        """Store ``values`` (any JSON-able shape) as the run's hyper-parameters."""
+        """Store ``values`` (any JSON-able shape) as the run's hyper-parameters.
+
+        Args:
+            values: The hyper-parameters: any JSON-able dict.
+        """
         config = normalize_config(values)
         self._ensure_started()
         self._store_config(config)
 
     @on_main_process
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        """Log ``values`` for ``step``; tensors and numpy scalars are logged as Python numbers."""
+        """Log ``values`` for ``step``; tensors and numpy scalars are logged as Python numbers.
+
+        Args:
+            values: Name -> value to log.
+            step: The step these values belong to; `None` lets the backend count.
+            **kwargs: Extra keyword arguments passed on to the backend's own call.
+        """
         step = as_step(step)
         clean = normalize_values(values)
         self._ensure_started()

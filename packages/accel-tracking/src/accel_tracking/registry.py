@@ -62,6 +62,9 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> type[GeneralT
     It is built as ``cls(project_name, logging_dir, **init_kwargs)`` when it requires a directory, else
     ``cls(project_name, **init_kwargs)``. Registering a name again replaces the earlier class (with a
     warning). Returns the class, so it can be used as a decorator.
+
+    Args:
+        tracker_class: A subclass of `GeneralTracker` with a unique `name`.
     """
     if not (isinstance(tracker_class, type) and issubclass(tracker_class, GeneralTracker)):
         raise NotATrackerClassError(
@@ -110,6 +113,11 @@ def filter_trackers(
     logging directory are left out (with a warning) when ``logging_dir`` is ``None``. A tracker named
     explicitly must be known (built in or registered), installed (else an ImportError naming the extra)
     and, if it needs one, have a ``logging_dir`` (else a ValueError).
+
+    Args:
+        log_with: A tracker name, `LoggerType`, tracker instance, or a list of them; `"all"` adds every
+            installed tracker.
+        logging_dir: The folder trackers that write files need; naming one of them without it is an error.
     """
     if log_with is None:
         return []

@@ -37,7 +37,11 @@ _FIRST_LAST: contextvars.ContextVar[tuple[str | None, str | None]] = contextvars
 
 
 def find_first_last_linear_layers(model: nn.Module) -> tuple[str | None, str | None]:
-    """Names of the first and the last ``nn.Linear`` of ``model`` in module order (None when it has none)."""
+    """Names of the first and the last ``nn.Linear`` of ``model`` in module order (None when it has none).
+
+    Args:
+        model: The model (an `nn.Module`).
+    """
     names = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     return (names[0], names[-1]) if names else (None, None)
 
@@ -50,7 +54,13 @@ def fp8_compatible_dims(module: nn.Module) -> bool:
 
 
 def filter_linear_layers(module: nn.Module, fqn: str, layers_to_filter: list[str | None]) -> bool:
-    """Module filter: convert ``module`` unless its dimensions do not fit float8 or ``fqn`` is in ``layers_to_filter``."""
+    """Module filter: convert ``module`` unless its dimensions do not fit float8 or ``fqn`` is in ``layers_to_filter``.
+
+    Args:
+        module: The module being considered.
+        fqn: Its fully qualified name in the model.
+        layers_to_filter: Fully qualified names of the layers to keep unconverted.
+    """
     if not fp8_compatible_dims(module):
         return False
     return fqn not in layers_to_filter
@@ -60,6 +70,10 @@ def filter_first_and_last_linear_layers(module: nn.Module, fqn: str) -> bool:
     """Module filter: convert every Linear layer with float8-compatible dimensions except the model's first and last.
 
     The first and last layers are those of the model being converted by :func:`convert_model_to_fp8_ao`.
+
+    Args:
+        module: The module being considered.
+        fqn: Its fully qualified name in the model.
     """
     return filter_linear_layers(module, fqn, list(_FIRST_LAST.get()))
 
@@ -87,6 +101,12 @@ def convert_model_to_fp8_ao(
     ``config`` is a ``Float8LinearConfig`` (None: :func:`build_ao_config` defaults, emulated without
     float8 hardware). ``module_filter_func(module, fqn)`` says which Linear layers to convert (None:
     :func:`filter_first_and_last_linear_layers`).
+
+    Args:
+        model: The model, converted in place.
+        config: A torchao `Float8LinearConfig`; `None` builds the default one.
+        module_filter_func: Decides per `(module, fqn)` whether a Linear layer is converted; `None` uses
+            `filter_first_and_last_linear_layers`.
     """
     float8 = require_torchao()
     if config is None:
@@ -125,7 +145,11 @@ def convert_model_to_fp8_ao(
 
 
 def has_ao_layers(model: nn.Module) -> bool:
-    """True when ``model`` holds torchao ``Float8Linear`` layers."""
+    """True when ``model`` holds torchao ``Float8Linear`` layers.
+
+    Args:
+        model: The model (an `nn.Module`).
+    """
     require_torchao()
     from torchao.float8.float8_linear import Float8Linear
 

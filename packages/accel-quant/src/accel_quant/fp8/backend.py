@@ -38,7 +38,11 @@ _REQUIRE = {
 
 
 def parse_fp8_backend(value: str | FP8BackendType | None) -> FP8BackendType:
-    """``FP8BackendType`` from a name (``te``, ``msamp``, ``ao``, ``torchao``, ..., any case); None is ``NO``."""
+    """``FP8BackendType`` from a name (``te``, ``msamp``, ``ao``, ``torchao``, ..., any case); None is ``NO``.
+
+    Args:
+        value: The name or member to parse.
+    """
     if value is None:
         return FP8BackendType.NO
     if isinstance(value, FP8BackendType):
@@ -64,7 +68,13 @@ def installed_fp8_backends() -> list[FP8BackendType]:
 def choose_fp8_backend(
     explicit: str | FP8BackendType | None = None, environ: Mapping[str, str] | None = None
 ) -> FP8BackendType:
-    """The backend to train with (see the module docstring); ImportError naming the package when it is missing."""
+    """The backend to train with (see the module docstring); ImportError naming the package when it is missing.
+
+    Args:
+        explicit: A backend asked for by name or `FP8BackendType`; `None` reads `ACCELERATE_FP8_BACKEND`, then
+            picks the first installed one.
+        environ: The environment to read `ACCELERATE_FP8_*` variables from; `None` reads `os.environ`.
+    """
     backend = parse_fp8_backend(explicit)
     source = "requested"
     if backend is FP8BackendType.NO:

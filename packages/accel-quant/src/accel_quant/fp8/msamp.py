@@ -29,6 +29,11 @@ def msamp_initialize(
     """``(model, optimizer)`` cast by MS-AMP at ``recipe``'s opt level (O1 or O2; None: ACCELERATE_FP8_OPT_LEVEL, else O2).
 
     MS-AMP takes one model and one optimizer; O2 supports Adam / AdamW optimizers only.
+
+    Args:
+        model: The model to cast.
+        optimizer: Its optimizer.
+        recipe: An `MSAMPRecipe` or an opt level (`O1`, `O2`); `None` reads `ACCELERATE_FP8_OPT_LEVEL`.
     """
     level = _recipe(recipe).opt_level
     msamp = require_msamp()

@@ -40,7 +40,20 @@ def _bools(value: Any) -> tuple[bool, bool, bool]:
 
 @dataclass
 class TERecipe:
-    """A TransformerEngine FP8 recipe (``DelayedScaling``, or ``MXFP8BlockScaling`` with ``use_mxfp8_block_scaling``)."""
+    """A TransformerEngine FP8 recipe (``DelayedScaling``, or ``MXFP8BlockScaling`` with ``use_mxfp8_block_scaling``).
+
+    Args:
+        margin: Margin of the scaling factor's exponent.
+        interval: How often (in steps) the scaling factor is recomputed.
+        fp8_format: `HYBRID` (E4M3 forward, E5M2 backward) or `E4M3`.
+        amax_history_len: Number of steps of the amax history.
+        amax_compute_algo: How the amax is taken from its history: `max` or `most_recent`.
+        override_linear_precision: Run the (forward, data-gradient, weight-gradient) matmuls of Linear layers
+            in higher precision.
+        use_autocast_during_eval: Keep FP8 autocast in evaluation mode too.
+        use_mxfp8_block_scaling: Use TransformerEngine's `MXFP8BlockScaling` recipe instead of
+            `DelayedScaling`.
+    """
 
     margin: int = 0
     interval: int = 1
@@ -77,7 +90,13 @@ class TERecipe:
 
     @classmethod
     def from_values(cls, environ: Mapping[str, str] | None = None, **values: Any) -> TERecipe:
-        """A recipe from ``values``; a value left None comes from ``ACCELERATE_FP8_*``, else its default."""
+        """A recipe from ``values``; a value left None comes from ``ACCELERATE_FP8_*``, else its default.
+
+        Args:
+            environ: The environment to read `ACCELERATE_FP8_*` variables from; `None` reads `os.environ`.
+            values: Fields of the recipe; one left `None` comes from its `ACCELERATE_FP8_*` variable, else its
+                default.
+        """
         env: dict[str, Any] = {
             "margin": env_vars.read("ACCELERATE_FP8_MARGIN", environ),
             "interval": env_vars.read("ACCELERATE_FP8_INTERVAL", environ),
@@ -102,7 +121,11 @@ class TERecipe:
 
 @dataclass
 class MSAMPRecipe:
-    """An MS-AMP recipe: its optimisation level, ``O1`` (8-bit weight gradients and communication) or ``O2`` (also 8/16-bit optimizer states)."""
+    """An MS-AMP recipe: its optimisation level, ``O1`` (8-bit weight gradients and communication) or ``O2`` (also 8/16-bit optimizer states).
+
+    Args:
+        opt_level: `O1` or `O2`.
+    """
 
     opt_level: str = "O2"
 
@@ -116,7 +139,12 @@ class MSAMPRecipe:
 
     @classmethod
     def from_values(cls, opt_level: str | None = None, environ: Mapping[str, str] | None = None) -> MSAMPRecipe:
-        """A recipe from ``opt_level``, else ``ACCELERATE_FP8_OPT_LEVEL``, else O2."""
+        """A recipe from ``opt_level``, else ``ACCELERATE_FP8_OPT_LEVEL``, else O2.
+
+        Args:
+            opt_level: `O1` or `O2`; `None` reads `ACCELERATE_FP8_OPT_LEVEL`, else `O2`.
+            environ: The environment to read `ACCELERATE_FP8_*` variables from; `None` reads `os.environ`.
+        """
         return cls(opt_level or env_vars.read("ACCELERATE_FP8_OPT_LEVEL", environ))
 
 

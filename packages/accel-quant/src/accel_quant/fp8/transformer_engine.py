@@ -125,7 +125,12 @@ def convert_model(
     model: nn.Module, to_transformer_engine: bool = True, _convert_linear: bool = True, _convert_ln: bool = True
 ) -> None:
     """Replace ``model``'s ``nn.Linear`` / ``nn.LayerNorm`` layers by TransformerEngine ones (in place), or back with
-    ``to_transformer_engine=False``. Layers TransformerEngine cannot take are kept, and listed once in the log."""
+    ``to_transformer_engine=False``. Layers TransformerEngine cannot take are kept, and listed once in the log.
+
+    Args:
+        model: The model, converted in place.
+        to_transformer_engine: `True` converts to TransformerEngine layers, `False` back to torch's.
+    """
     te = require_transformer_engine()
     if to_transformer_engine:
         to_convert, kept = plan_te_conversion(model, _convert_linear, _convert_ln)
@@ -173,7 +178,11 @@ def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
 
 
 def has_transformer_engine_layers(model: nn.Module) -> bool:
-    """True when ``model`` holds TransformerEngine ``Linear``, ``LayerNorm`` or ``TransformerLayer`` layers."""
+    """True when ``model`` holds TransformerEngine ``Linear``, ``LayerNorm`` or ``TransformerLayer`` layers.
+
+    Args:
+        model: The model (an `nn.Module`).
+    """
     te = require_transformer_engine()
     return any(isinstance(m, te.LayerNorm | te.Linear | te.TransformerLayer) for m in model.modules())
 
@@ -190,7 +199,13 @@ def contextual_fp8_autocast(
     model_forward: Callable[..., Any], fp8_recipe: Any, use_during_eval: bool = False
 ) -> Callable[..., Any]:
     """A ``forward(self, *args, **kwargs)`` that runs ``model_forward`` under TransformerEngine's FP8 autocast
-    while the model trains (and in evaluation too with ``use_during_eval``)."""
+    while the model trains (and in evaluation too with ``use_during_eval``).
+
+    Args:
+        model_forward: The model's `forward`.
+        fp8_recipe: The TransformerEngine recipe to autocast with.
+        use_during_eval: Autocast in evaluation mode too.
+    """
 
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         enabled = use_during_eval or self.training
@@ -203,7 +218,13 @@ def contextual_fp8_autocast(
 
 def apply_fp8_autowrap(model: nn.Module, fp8_recipe_handler: Any = None) -> nn.Module:
     """Make ``model.forward`` run under FP8 autocast with the recipe of ``fp8_recipe_handler``
-    (a ``TERecipe``, a dict, or a ``TERecipeKwargs`` / ``FP8RecipeKwargs``); return the model."""
+    (a ``TERecipe``, a dict, or a ``TERecipeKwargs`` / ``FP8RecipeKwargs``); return the model.
+
+    Args:
+        model: The model whose `forward` is wrapped.
+        fp8_recipe_handler: A `TERecipe`, a dict of its fields, or a `TERecipeKwargs` / `FP8RecipeKwargs`;
+            `None` reads the environment.
+    """
     recipe, during_eval = build_te_recipe(fp8_recipe_handler)
     new_forward = contextual_fp8_autocast(model.forward, recipe, during_eval)
     if hasattr(model.forward, "__func__"):

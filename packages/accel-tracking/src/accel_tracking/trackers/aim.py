@@ -54,7 +54,13 @@ class AimTracker(BackendTracker):
 
     @on_main_process
     def log_images(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        """Track images (``name -> image`` or ``name -> (image, caption)``) as ``aim.Image``."""
+        """Track images (``name -> image`` or ``name -> (image, caption)``) as ``aim.Image``.
+
+        Args:
+            values: Name -> value to log.
+            step: The step these values belong to; `None` lets the backend count.
+            **kwargs: Extra keyword arguments passed on to the backend's own call.
+        """
         aim = self._import("aim")
         run = self._ensure_started()
         for key, value in values.items():

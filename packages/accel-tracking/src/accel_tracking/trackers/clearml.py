@@ -89,7 +89,13 @@ class ClearMLTracker(BackendTracker):
 
     @on_main_process
     def log_images(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        """Report images (``name -> numpy array or PIL image``) with ``Logger.report_image``."""
+        """Report images (``name -> numpy array or PIL image``) with ``Logger.report_image``.
+
+        Args:
+            values: Name -> value to log.
+            step: The step these values belong to; `None` lets the backend count.
+            **kwargs: Extra keyword arguments passed on to the backend's own call.
+        """
         task = self._ensure_started()
         logger = task.get_logger()
         for key, image in values.items():
@@ -106,7 +112,16 @@ class ClearMLTracker(BackendTracker):
         step: int | None = None,
         **kwargs: Any,
     ) -> None:
-        """Report a table from a pandas ``dataframe`` or from ``columns`` and ``data`` rows."""
+        """Report a table from a pandas ``dataframe`` or from ``columns`` and ``data`` rows.
+
+        Args:
+            table_name: Name of the table in the run.
+            columns: Column names (with `data`).
+            data: Rows of the table, each a list of values (with `columns`).
+            dataframe: A pandas `DataFrame` to log instead of `columns` and `data`.
+            step: The step these values belong to; `None` lets the backend count.
+            **kwargs: Extra keyword arguments passed on to the backend's own call.
+        """
         task = self._ensure_started()
         if dataframe is None:
             if data is None:

@@ -57,6 +57,7 @@ class JSONLTracker(BackendTracker):
         logging_dir: the directory that holds the file (created when missing).
         resume: append to an existing file of that name instead of starting a new one. Without it an
             existing file is kept and the new run goes to ``<run_name>-1.jsonl``, ``-2`` and so on.
+        **kwargs: Accepted and ignored, so that `init_kwargs` meant for other trackers do no harm.
     """
 
     name = "jsonl"
@@ -108,7 +109,11 @@ class JSONLTracker(BackendTracker):
 
 
 def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
-    """The records of a JSON-lines run file, in order."""
+    """The records of a JSON-lines run file, in order.
+
+    Args:
+        path: The `.jsonl` file a `JSONLTracker` wrote.
+    """
     with open(path, encoding="utf-8") as handle:
         for line in handle:
             if line.strip():

@@ -52,6 +52,7 @@ class MLflowTracker(BackendTracker):
         nested_run: start the run nested in the active one.
         run_name: the run's name.
         description: the run's description.
+        **kwargs: Passed on to `mlflow.start_run`.
     """
 
     name = "mlflow"
@@ -144,19 +145,35 @@ class MLflowTracker(BackendTracker):
 
     @on_main_process
     def log_figure(self, figure: Any, artifact_file: str, **save_kwargs: Any) -> None:
-        """Save a matplotlib or plotly ``figure`` as the run's artifact ``artifact_file``."""
+        """Save a matplotlib or plotly ``figure`` as the run's artifact ``artifact_file``.
+
+        Args:
+            figure: A matplotlib or plotly figure.
+            artifact_file: Its file name in the run's artifacts.
+            save_kwargs: Passed on to `mlflow.log_figure`.
+        """
         self._ensure_started()
         self._import("mlflow").log_figure(figure, artifact_file, save_kwargs=save_kwargs or None)
 
     @on_main_process
     def log_artifacts(self, local_dir: str, artifact_path: str | None = None) -> None:
-        """Copy every file of ``local_dir`` into the run's artifacts (under ``artifact_path``)."""
+        """Copy every file of ``local_dir`` into the run's artifacts (under ``artifact_path``).
+
+        Args:
+            local_dir: The folder whose files are copied.
+            artifact_path: Folder inside the run's artifacts; `None` puts the files at their top.
+        """
         self._ensure_started()
         self._import("mlflow").log_artifacts(local_dir, artifact_path=artifact_path, run_id=self._run.info.run_id)
 
     @on_main_process
     def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
-        """Copy the file ``local_path`` into the run's artifacts (under ``artifact_path``)."""
+        """Copy the file ``local_path`` into the run's artifacts (under ``artifact_path``).
+
+        Args:
+            local_path: The file to copy.
+            artifact_path: Folder inside the run's artifacts; `None` puts the files at their top.
+        """
         self._ensure_started()
         self._import("mlflow").log_artifact(local_path, artifact_path=artifact_path, run_id=self._run.info.run_id)
 

@@ -49,7 +49,13 @@ class SwanLabTracker(BackendTracker):
 
     @on_main_process
     def log_images(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        """Log images (``name -> image or list of images``) as ``swanlab.Image``; ``kwargs`` go to ``swanlab.Image``."""
+        """Log images (``name -> image or list of images``) as ``swanlab.Image``; ``kwargs`` go to ``swanlab.Image``.
+
+        Args:
+            values: Name -> value to log.
+            step: The step these values belong to; `None` lets the backend count.
+            **kwargs: Extra keyword arguments passed on to the backend's own call.
+        """
         swanlab = self._import("swanlab")
         run = self._ensure_started()
         logged = {}

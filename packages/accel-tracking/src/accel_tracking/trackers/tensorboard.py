@@ -68,7 +68,13 @@ class TensorBoardTracker(BackendTracker):
 
     @on_main_process
     def log_images(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        """Log batches of images (``name -> tensor/array of shape (N, C, H, W)``; ``dataformats=`` to change it)."""
+        """Log batches of images (``name -> tensor/array of shape (N, C, H, W)``; ``dataformats=`` to change it).
+
+        Args:
+            values: Name -> value to log.
+            step: The step these values belong to; `None` lets the backend count.
+            **kwargs: Extra keyword arguments passed on to the backend's own call.
+        """
         self._ensure_started()
         for key, value in values.items():
             self._run.add_images(key, value, global_step=step, **kwargs)

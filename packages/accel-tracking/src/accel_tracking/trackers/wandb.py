@@ -38,7 +38,13 @@ class WandBTracker(BackendTracker):
 
     @on_main_process
     def log_images(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        """Log images (``name -> list of images``; each an array, tensor or PIL image). ``kwargs`` go to ``wandb.Image``."""
+        """Log images (``name -> list of images``; each an array, tensor or PIL image). ``kwargs`` go to ``wandb.Image``.
+
+        Args:
+            values: Name -> value to log.
+            step: The step these values belong to; `None` lets the backend count.
+            **kwargs: Extra keyword arguments passed on to the backend's own call.
+        """
         wandb = self._import("wandb")
         run = self._ensure_started()
         run.log({key: [wandb.Image(image, **kwargs) for image in images] for key, images in values.items()}, step=step)
@@ -53,7 +59,16 @@ class WandBTracker(BackendTracker):
         step: int | None = None,
         **kwargs: Any,
     ) -> None:
-        """Log a ``wandb.Table`` built from ``columns`` and ``data`` rows, or from a pandas ``dataframe``."""
+        """Log a ``wandb.Table`` built from ``columns`` and ``data`` rows, or from a pandas ``dataframe``.
+
+        Args:
+            table_name: Name of the table in the run.
+            columns: Column names (with `data`).
+            data: Rows of the table, each a list of values (with `columns`).
+            dataframe: A pandas `DataFrame` to log instead of `columns` and `data`.
+            step: The step these values belong to; `None` lets the backend count.
+            **kwargs: Extra keyword arguments passed on to the backend's own call.
+        """
         wandb = self._import("wandb")
         run = self._ensure_started()
         table = wandb.Table(columns=columns, data=data, dataframe=dataframe, **kwargs)

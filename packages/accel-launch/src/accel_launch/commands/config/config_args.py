@@ -135,7 +135,16 @@ _TOP_KINDS = {
 
 @dataclass
 class BaseConfig:
-    """Keys common to every config file."""
+    """Keys common to every config file.
+
+    Args:
+        compute_environment: Where the run happens: `LOCAL_MACHINE` or `AMAZON_SAGEMAKER`.
+        distributed_type: The kind of run (`NO`, `MULTI_GPU`, `MULTI_CPU`, `FSDP`, `DEEPSPEED`, `XLA`, ...).
+        mixed_precision: `no`, `fp16`, `bf16` or `fp8`.
+        use_cpu: Run on CPU even when an accelerator is present.
+        debug: Check collectives across processes and print the torch.distributed stack trace on failure.
+        source: Where the config was read from (a file path), named in error messages.
+    """
 
     compute_environment: ComputeEnvironment = ComputeEnvironment.LOCAL_MACHINE
     distributed_type: DistributedType | SageMakerDistributedType = DistributedType.NO
@@ -183,7 +192,11 @@ class BaseConfig:
         return out
 
     def to_yaml_file(self, yaml_file: str | os.PathLike[str]) -> None:
-        """Write the config as YAML (parent folders created)."""
+        """Write the config as YAML (parent folders created).
+
+        Args:
+            yaml_file: Path of the YAML file.
+        """
         import yaml
 
         path = Path(yaml_file)
@@ -191,14 +204,23 @@ class BaseConfig:
         path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=True))
 
     def to_json_file(self, json_file: str | os.PathLike[str]) -> None:
-        """Write the config as JSON (parent folders created)."""
+        """Write the config as JSON (parent folders created).
+
+        Args:
+            json_file: Path of the JSON file.
+        """
         path = Path(json_file)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str | None = None) -> BaseConfig:
-        """A config from a mapping; unknown keys are an error naming the closest valid one."""
+        """A config from a mapping; unknown keys are an error naming the closest valid one.
+
+        Args:
+            values: Config keys and their values.
+            source: Where they come from (a file path), named in errors.
+        """
         values = _translate_legacy(dict(values))
         valid = [f.name for f in fields(cls) if f.name != "source"]
         for key in values:
@@ -211,10 +233,20 @@ class BaseConfig:
 
     @classmethod
     def from_yaml_file(cls, yaml_file: str | os.PathLike[str]) -> BaseConfig:
+        """A config read from a YAML file; unknown keys are an error naming the closest valid one.
+
+        Args:
+            yaml_file: Path of the YAML file.
+        """
         return cls.from_dict(_read_yaml(Path(yaml_file)), source=str(yaml_file))
 
     @classmethod
     def from_json_file(cls, json_file: str | os.PathLike[str]) -> BaseConfig:
+        """A config read from a JSON file; unknown keys are an error naming the closest valid one.
+
+        Args:
+            json_file: Path of the JSON file.
+        """
         return cls.from_dict(_read_json(Path(json_file)), source=str(json_file))
 
 
@@ -249,7 +281,43 @@ def _translate_legacy(values: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class ClusterConfig(BaseConfig):
-    """A run on machines you start yourself (``compute_environment: LOCAL_MACHINE``)."""
+    """A run on machines you start yourself (``compute_environment: LOCAL_MACHINE``).
+
+    Args:
+        compute_environment: Where the run happens: `LOCAL_MACHINE` or `AMAZON_SAGEMAKER`.
+        distributed_type: The kind of run (`NO`, `MULTI_GPU`, `MULTI_CPU`, `FSDP`, `DEEPSPEED`, `XLA`, ...).
+        mixed_precision: `no`, `fp16`, `bf16` or `fp8`.
+        use_cpu: Run on CPU even when an accelerator is present.
+        debug: Check collectives across processes and print the torch.distributed stack trace on failure.
+        source: Where the config was read from (a file path), named in error messages.
+        num_processes: Total number of processes to launch (all machines together).
+        machine_rank: Rank of this machine.
+        num_machines: Number of machines taking part.
+        gpu_ids: Comma-separated ids of the GPUs of this machine to use ('all' for every one).
+        main_process_ip: IP address of the machine of rank 0.
+        main_process_port: Port of the machine of rank 0.
+        rdzv_backend: Rendezvous method: 'static' or 'c10d'.
+        same_network: All machines are on the same local network.
+        main_training_function: Name of the main function of the script (TPU only).
+        enable_cpu_affinity: Pin each process to the CPU cores near its GPU.
+        downcast_bf16: With bf16 on TPU, cast double tensors to bfloat16 too.
+        fp8_config: The `fp8_config` section (FP8 backend and recipe).
+        deepspeed_config: The `deepspeed_config` section.
+        fsdp_config: The `fsdp_config` section.
+        megatron_lm_config: The `megatron_lm_config` section.
+        dynamo_config: The `dynamo_config` section (`torch.compile` settings).
+        ipex_config: The `ipex_config` section (Intel Extension for PyTorch).
+        mpirun_config: The `mpirun_config` section (MPI launcher settings).
+        parallelism_config: The `parallelism_config` section (ND mesh sizes).
+        tpu_use_cluster: Use a GCP TPU pod.
+        tpu_use_sudo: Run the script with sudo on each pod.
+        tpu_vm: Compute VM instance names of a TPU pod (repeatable).
+        tpu_env: Environment variables to set on the TPU pod VMs (repeatable).
+        tpu_name: Name of the TPU (for `accel tpu-config`).
+        tpu_zone: Zone of the TPU.
+        command_file: File of commands `accel tpu-config` runs on each TPU host.
+        commands: Commands `accel tpu-config` runs on each TPU host.
+    """
 
     num_processes: int | None = None
     machine_rank: int = 0
@@ -306,7 +374,32 @@ class ClusterConfig(BaseConfig):
 
 @dataclass
 class SageMakerConfig(BaseConfig):
-    """A training job on Amazon SageMaker (``compute_environment: AMAZON_SAGEMAKER``)."""
+    """A training job on Amazon SageMaker (``compute_environment: AMAZON_SAGEMAKER``).
+
+    Args:
+        compute_environment: Where the run happens: `LOCAL_MACHINE` or `AMAZON_SAGEMAKER`.
+        distributed_type: The kind of run (`NO`, `MULTI_GPU`, `MULTI_CPU`, `FSDP`, `DEEPSPEED`, `XLA`, ...).
+        mixed_precision: `no`, `fp16`, `bf16` or `fp8`.
+        use_cpu: Run on CPU even when an accelerator is present.
+        debug: Check collectives across processes and print the torch.distributed stack trace on failure.
+        source: Where the config was read from (a file path), named in error messages.
+        num_machines: Number of machines taking part.
+        gpu_ids: Comma-separated ids of the GPUs of this machine to use ('all' for every one).
+        dynamo_config: The `dynamo_config` section (`torch.compile` settings).
+        enable_cpu_affinity: Pin each process to the CPU cores near its GPU.
+        ec2_instance_type: The EC2 instance type of the training job.
+        iam_role_name: The IAM role the job runs as.
+        image_uri: A custom training image; `None` uses the Hugging Face PyTorch image.
+        profile: The AWS profile to use.
+        region: The AWS region.
+        base_job_name: Prefix of the job's name.
+        pytorch_version: PyTorch version of the training image.
+        transformers_version: transformers version of the training image.
+        py_version: Python version tag of the training image.
+        sagemaker_inputs_file: TSV file of input channels (name, S3 URI).
+        sagemaker_metrics_file: TSV file of metric definitions (name, regex).
+        additional_args: Extra keyword arguments of the SageMaker estimator.
+    """
 
     _required = ("ec2_instance_type", "iam_role_name")
 
@@ -375,7 +468,11 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def load_config_from_file(config_file: str | os.PathLike[str] | None = None) -> ClusterConfig | SageMakerConfig:
-    """Load ``config_file`` (or the default config file); FileNotFoundError naming the path when absent."""
+    """Load ``config_file`` (or the default config file); FileNotFoundError naming the path when absent.
+
+    Args:
+        config_file: Path of the file; `None` reads the default config file.
+    """
     if config_file is not None:
         path = Path(config_file)
         if not path.is_file():

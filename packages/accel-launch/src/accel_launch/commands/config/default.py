@@ -54,6 +54,10 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | None = 
     """Write a basic config for this machine at ``save_location`` (default: the default config file).
 
     Returns the path written, or False when a config already exists there (it is left as it is).
+
+    Args:
+        mixed_precision: `no`, `fp16`, `bf16` or `fp8`.
+        save_location: Where the file is written; `None` uses the default config file.
     """
     from pathlib import Path
 

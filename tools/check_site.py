@@ -1,0 +1,130 @@
+"""Check the built site: every public name has an anchor with a description and is in the search index.
+
+    python tools/check_site.py [build/site]
+
+The public names are read at run time (``tools/docs_site/reference.py``): every name ``accel`` and
+``accel.utils`` export and every public method and property of ``Accelerator``. For each, the page the
+reference puts it on must have an element with its anchor id, that entry must carry a description (its
+docstring rendered), and the search index must hold an entry for that anchor. An entry whose object has
+no docstring at all is listed apart: that gap belongs to the docstring ratchet
+(``tools/check_docstrings.py`` and its baseline), which fails when such gaps grow. No page may contain
+the text ``<object object`` (a default value rendered as Python's repr of a sentinel).
+Prints the problems and exits 1 if there are any.
+"""
+
+from __future__ import annotations
+
+import html.parser
+import json
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+from docs_site import reference  # noqa: E402
+
+
+class _Entries(html.parser.HTMLParser):
+    """Collects the mkdocstrings entries of a page: anchor id -> text of its description block."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.ids: set[str] = set()
+        self.descriptions: dict[str, str] = {}
+        self._stack: list[tuple[str, str | None]] = []  # (tag, id of the entry whose description it is)
+        self._last_heading: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = dict(attrs)
+        if values.get("id"):
+            self.ids.add(values["id"] or "")
+            if tag in ("h1", "h2", "h3", "h4", "h5", "h6"):
+                self._last_heading = values["id"]
+        classes = (values.get("class") or "").split()
+        owner = self._stack[-1][1] if self._stack else None
+        if "doc-contents" in classes and self._last_heading:
+            owner = self._last_heading
+            self.descriptions.setdefault(owner, "")
+        if tag not in ("br", "img", "hr", "input", "meta", "link", "col", "wbr"):
+            self._stack.append((tag, owner))
+
+    def handle_endtag(self, tag: str) -> None:
+        while self._stack:
+            open_tag, _ = self._stack.pop()
+            if open_tag == tag:
+                break
+
+    def handle_data(self, data: str) -> None:
+        owner = self._stack[-1][1] if self._stack else None
+        if owner is not None and data.strip():
+            self.descriptions[owner] = self.descriptions.get(owner, "") + data
+
+
+def _page_entries(site: pathlib.Path, page: str) -> _Entries:
+    parser = _Entries()
+    parser.feed((site / page.replace(".md", ".html")).read_text(encoding="utf-8"))
+    return parser
+
+
+def check(site: pathlib.Path, undocumented: list[str] | None = None) -> list[str]:
+    """Every problem of the built site at ``site`` (empty when it passes).
+
+    Args:
+        site: The folder MkDocs built.
+        undocumented: When given, receives the public names whose entry has no description because
+            the object has no docstring yet: those are gaps that ``tools/check_docstrings.py`` counts
+            against its baseline, not rendering problems.
+
+    Returns:
+        One line per problem.
+    """
+    undocumented = [] if undocumented is None else undocumented
+    problems: list[str] = []
+    for page in sorted(site.rglob("*.html")):
+        if "<object object" in page.read_text(encoding="utf-8"):
+            problems.append(f"{page.relative_to(site)} contains '<object object' (a default rendered as a repr)")
+    index_file = site / "search" / "search_index.json"
+    locations = set()
+    if index_file.exists():
+        locations = {doc["location"] for doc in json.loads(index_file.read_text(encoding="utf-8"))["docs"]}
+    else:
+        problems.append("no search index (search/search_index.json)")
+    parsed: dict[str, _Entries] = {}
+    for name, (page, anchor) in sorted(reference.anchors().items()):
+        if not (site / page.replace(".md", ".html")).exists():
+            problems.append(f"{name}: page {page} was not built")
+            continue
+        if page not in parsed:
+            parsed[page] = _page_entries(site, page)
+        entries = parsed[page]
+        if anchor not in entries.ids:
+            problems.append(f"{name}: no anchor #{anchor} on {page}")
+            continue
+        if not entries.descriptions.get(anchor, "").strip():
+            if reference.has_own_docstring(name):
+                problems.append(f"{name}: the entry #{anchor} on {page} has no description")
+            else:
+                undocumented.append(name)
+        if locations and f"{page.replace('.md', '.html')}#{anchor}" not in locations:
+            problems.append(f"{name}: #{anchor} is not in the search index")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Check the site folder given (default build/site)."""
+    args = argv if argv is not None else sys.argv[1:]
+    site = pathlib.Path(args[0]) if args else ROOT / "build" / "site"
+    undocumented: list[str] = []
+    problems = check(site, undocumented)
+    for problem in problems:
+        print(problem)
+    print(
+        f"site check: {len(reference.anchors())} public names, {len(problems)} problem(s), "
+        f"{len(undocumented)} without a docstring yet (counted by tools/check_docstrings.py)"
+    )
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""MkDocs hooks of the documentation site (``hooks:`` in ``mkdocs.yml``): the generated parts.
+
+- ``on_config``: every ``docs/*.md`` page missing from the ``nav`` of ``mkdocs.yml`` is appended to
+  its "Guide" section, so a new page shows in the sidebar before anyone places it;
+- ``on_files``: the API reference pages (``tools/docs_site/reference.py``), the package READMEs, and
+  the pictures (layer and flow diagrams, benchmark plots) are added as generated files;
+- ``on_page_markdown``: links to ``page.html`` (the old guide's form) become ``page.md``; the markers ``<!-- cli-reference -->``, ``<!-- accelerate-mapping -->`` and
+  ``<!-- benchmark-plots -->`` are replaced by what they name; the attributes of runnable code fences
+  (``processes=2``, ``run-if=...``, ``file=...``) become a caption; and inline code naming a public
+  object (`` `init_empty_weights` ``, `` `accelerator.save_state()` ``) links to its reference entry.
+"""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+import re
+import sys
+from typing import Any
+
+TOOLS = pathlib.Path(__file__).resolve().parent
+ROOT = TOOLS.parent
+if str(TOOLS) not in sys.path:
+    sys.path.insert(0, str(TOOLS))
+
+import build_guide  # noqa: E402
+from docs_site import migration, pictures, reference  # noqa: E402
+
+MAPPING_MARKER = "<!-- accelerate-mapping -->"
+BENCH_MARKER = "<!-- benchmark-plots -->"
+FENCE = re.compile(r"^ {0,12}(`{3,}|~{3,})")
+INLINE_CODE = re.compile(r"(?<![`\[])`(?P<code>[A-Za-z_][\w.]*)(?P<call>\(\))?`(?![`\]])")
+
+
+@functools.cache
+def _anchors() -> dict[str, tuple[str, str]]:
+    return reference.anchors()
+
+
+@functools.cache
+def _link_targets() -> dict[str, str]:
+    """What inline code may name -> the reference identifier it links to."""
+    targets: dict[str, str] = {}
+    members = reference.accelerator_members()
+    for name, (_, identifier) in _anchors().items():
+        targets[name] = identifier
+        if name.startswith("Accelerator."):
+            member = name.split(".", 1)[1]
+            targets[f"accelerator.{member}"] = identifier
+            if "_" in member and member in members:
+                targets.setdefault(member, identifier)  # `save_state`: one word alone is too ambiguous
+        else:
+            short = name.rsplit(".", 1)[1]
+            targets.setdefault(short, identifier)
+    return targets
+
+
+def on_config(config: Any) -> Any:
+    """Append the guide pages the nav does not list to its "Guide" section."""
+    nav = config["nav"] or []
+    listed: set[str] = set()
+
+    def walk(items: Any) -> None:
+        for item in items:
+            value = next(iter(item.values())) if isinstance(item, dict) else item
+            if isinstance(value, list):
+                walk(value)
+            elif isinstance(value, str):
+                listed.add(value)
+
+    walk(nav)
+    docs_dir = pathlib.Path(config["docs_dir"])
+    missing = sorted(p.name for p in docs_dir.glob("*.md") if p.name not in listed)
+    for item in nav:
+        if isinstance(item, dict) and "Guide" in item:
+            item["Guide"].extend(missing)
+            break
+    return config
+
+
+def generated_pages() -> dict[str, str]:
+    """Site path -> Markdown of every generated page (reference and package READMEs)."""
+    pages = reference.pages()
+    for readme in sorted((ROOT / "packages").glob("*/README.md")):
+        pages[f"packages/{readme.parent.name}.md"] = readme.read_text(encoding="utf-8")
+    return pages
+
+
+def on_files(files: Any, config: Any) -> Any:
+    """Add the generated pages and pictures to the site's files."""
+    from mkdocs.structure.files import File
+
+    for path, text in generated_pages().items():
+        files.append(File.generated(config, path, content=text))
+    images = {"images/layers.svg": pictures.layers_svg().encode(), "images/flow.svg": pictures.flow_svg().encode()}
+    images.update(_bench()[1])
+    for path, data in images.items():
+        files.append(File.generated(config, path, content=data))
+    return files
+
+
+@functools.cache
+def _bench() -> tuple[str, dict[str, bytes]]:
+    return pictures.benchmark_files()
+
+
+def captions(markdown: str) -> str:
+    """Runner attributes of code fences (``processes=2`` ...) as a caption line above a plain fence."""
+    return build_guide.FENCE_WITH_ATTRIBUTES.sub(build_guide._caption, markdown)
+
+
+def link_inline_code(markdown: str) -> str:
+    """Inline code naming a public object becomes a cross-reference to its entry (not in code blocks)."""
+    targets = _link_targets()
+    out: list[str] = []
+    fence: str | None = None
+    for line in markdown.splitlines(keepends=True):
+        match = FENCE.match(line)
+        if match:
+            marker = match.group(1)
+            if fence is None:
+                fence = marker
+            elif marker[0] == fence[0] and len(marker) >= len(fence) and not line.strip()[len(marker) :].strip():
+                fence = None
+            out.append(line)
+            continue
+        if fence is not None or line.lstrip().startswith("#") or "<h" in line:
+            out.append(line)
+            continue
+
+        def replace(found: re.Match[str]) -> str:
+            identifier = targets.get(found.group("code"))
+            if identifier is None:
+                return found.group(0)
+            return f"[{found.group(0)}][{identifier}]"
+
+        out.append(INLINE_CODE.sub(replace, line))
+    return "".join(out)
+
+
+HTML_LINK = re.compile(r"\]\((?P<name>[A-Za-z0-9_-]+)\.html(?P<anchor>#[^)\s]*)?\)")
+
+
+def md_links(markdown: str, docs_dir: pathlib.Path) -> str:
+    """Links written for the old hand-built guide (``](launching.html)``, ``](accel-data.html)``)
+    pointed at its HTML pages; point them at the Markdown source MkDocs checks and links."""
+
+    def replace(found: re.Match[str]) -> str:
+        name, anchor = found.group("name"), found.group("anchor") or ""
+        if (docs_dir / f"{name}.md").exists():
+            return f"]({name}.md{anchor})"
+        if (ROOT / "packages" / name / "README.md").exists():
+            return f"](packages/{name}.md{anchor})"
+        return found.group(0)
+
+    return HTML_LINK.sub(replace, markdown)
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    """Fill the markers, caption the runnable fences and link inline code to the reference."""
+    if build_guide.CLI_MARKER in markdown:
+        markdown = markdown.replace(build_guide.CLI_MARKER, build_guide.cli_reference())
+    if MAPPING_MARKER in markdown:
+        markdown = markdown.replace(MAPPING_MARKER, migration.mapping_markdown())
+    if BENCH_MARKER in markdown:
+        markdown = markdown.replace(BENCH_MARKER, _bench()[0])
+    if page.file.src_uri.count("/") == 0:
+        markdown = md_links(markdown, pathlib.Path(config["docs_dir"]))
+    markdown = captions(markdown)
+    if not page.file.src_uri.startswith("reference/"):
+        markdown = link_inline_code(markdown)
+    return markdown
