@@ -34,8 +34,12 @@ from accel_launch.values import ConfigError
 TERMINATED_EXIT_CODE = 128 + int(signal.SIGTERM)
 
 
-class LaunchError(RuntimeError):
-    """A launch that cannot start; the message says why and what to do."""
+class LaunchError(ValueError):
+    """A launch that cannot start; the message says why and what to do.
+
+    A ``ValueError``, as the documented ``launch_command`` raises for arguments it cannot use; a missing
+    script is a ``FileNotFoundError`` and a main port already taken a ``ConnectionError``.
+    """
 
 
 def is_port_in_use(port: int | None = None, host: str = "127.0.0.1") -> bool:
@@ -70,11 +74,11 @@ def check_script(plan: LaunchPlan) -> None:
     script = plan.training_script
     if plan.values.get("no_python"):
         if (os.sep in script and not Path(script).exists()) or (os.sep not in script and shutil.which(script) is None):
-            raise LaunchError(f"the program {script!r} was not found (with --no_python it must be an executable)")
+            raise FileNotFoundError(f"the program {script!r} was not found (with --no_python it must be an executable)")
         return
     if not Path(script).is_file():
         hint = " (to run a module, add -m)" if "." in script and not script.endswith(".py") else ""
-        raise LaunchError(f"the training script {script!r} was not found{hint}")
+        raise FileNotFoundError(f"the training script {script!r} was not found{hint}")
 
 
 def choose_port(plan: LaunchPlan) -> int:
@@ -83,7 +87,7 @@ def choose_port(plan: LaunchPlan) -> int:
     if plan.port_given:
         port = int(plan.main_process_port or 0)
         if plan.machine_rank == 0 and _is_local(plan.main_process_ip) and is_port_in_use(port):
-            raise LaunchError(
+            raise ConnectionError(
                 f"--main_process_port {port} is already in use on this machine; stop what listens on it "
                 f"or pick another port (for example --main_process_port {free_port()})"
             )
