@@ -27,6 +27,13 @@ from accel_launch.commands_build import (
     torchrun_args,
 )
 from accel_launch.plan import LaunchPlan
+from accel_launch.process_guard import (
+    parent_death_hook,
+    reserve_loopback_port,
+    store_served_on,
+    usr1_as_sigterm,
+    workers_die_with_launcher,
+)
 from accel_launch.values import ConfigError
 
 #: Exit status of a launch stopped by SIGTERM (128 + 15, as a shell reports it): what a scheduler's
@@ -131,10 +138,11 @@ def run_simple(plan: LaunchPlan) -> int:
     """One process: run the script as a child with the plan's environment; its exit code is ours."""
     cmd = script_command(plan)
     try:
-        process = subprocess.Popen(cmd, env=_child_env(plan))
+        process = subprocess.Popen(cmd, env=_child_env(plan), preexec_fn=parent_death_hook())
     except FileNotFoundError as error:
         raise LaunchError(f"cannot start {cmd[0]!r}: {error}") from None
     previous = _forward_signal(signal.SIGTERM, process)
+    previous_usr1 = _forward_signal(signal.SIGUSR1, process, as_signal=signal.SIGTERM)
     try:
         code = process.wait()
     except KeyboardInterrupt:
@@ -143,6 +151,8 @@ def run_simple(plan: LaunchPlan) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if previous_usr1 is not None:
+            signal.signal(signal.SIGUSR1, previous_usr1)
     if code == -signal.SIGTERM:
         code = TERMINATED_EXIT_CODE
     if code != 0 and not plan.values.get("quiet"):
@@ -150,20 +160,53 @@ def run_simple(plan: LaunchPlan) -> int:
     return code
 
 
-def _forward_signal(sig: signal.Signals, process: subprocess.Popen) -> Any:
-    """Pass ``sig`` on to ``process`` (the launcher's child) instead of dying and leaving it behind;
-    the previous handler, or None outside the main thread."""
+def _forward_signal(sig: signal.Signals, process: subprocess.Popen, as_signal: signal.Signals | None = None) -> Any:
+    """Pass ``sig`` on to ``process`` (the launcher's child; as ``as_signal`` when given) instead of dying
+    and leaving it behind; the previous handler, or None outside the main thread."""
     if threading.current_thread() is not threading.main_thread():
         return None
 
     def forward(signum: int, frame: Any) -> None:
         if process.poll() is None:
-            process.send_signal(signum)
+            process.send_signal(as_signal or signum)
 
     return signal.signal(sig, forward)
 
 
-def run_torchrun(plan: LaunchPlan, port: int) -> int:
+def requeue_if_asked(plan: LaunchPlan, code: int, environ: Mapping[str, str] | None = None) -> None:
+    """With ``--requeue_on_preemption``, after a run stopped on request (status 143) in a SLURM job:
+    ``scontrol requeue $SLURM_JOB_ID``, from machine rank 0 only (one requeue per job).
+
+    The job comes back with the same id and the same command; the script resumes from the checkpoint
+    the preemption save wrote. A failure to requeue is reported, the exit status stays 143.
+    """
+    from accel_state.cluster import requeue_command
+
+    if code != TERMINATED_EXIT_CODE or not plan.values.get("requeue_on_preemption") or plan.machine_rank != 0:
+        return
+    environ = os.environ if environ is None else environ
+    command = requeue_command(environ)
+    if command is None:
+        print(
+            "accel launch: --requeue_on_preemption: not in a SLURM job (no SLURM_JOB_ID), nothing requeued",
+            file=sys.stderr,
+        )
+        return
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        print(f"accel launch: could not requeue the job ({' '.join(command)}): {error}", file=sys.stderr)
+        return
+    if done.returncode != 0:
+        print(
+            f"accel launch: `{' '.join(command)}` failed (status {done.returncode}): {done.stderr.strip()}",
+            file=sys.stderr,
+        )
+        return
+    print(f"accel launch: preempted; job requeued ({' '.join(command)})", file=sys.stderr)
+
+
+def run_torchrun(plan: LaunchPlan, port: int, store_socket: socket.socket | None = None) -> int:
     """Several processes (or machines) through torch.distributed.run, in this process.
 
     SIGTERM to the launcher (a scheduler preempting the job) is passed on to the workers by the
@@ -179,7 +222,8 @@ def run_torchrun(plan: LaunchPlan, port: int) -> int:
     for key, value in restart_environment(plan).items():
         os.environ.setdefault(key, value)
     try:
-        run(args)
+        with store_served_on(store_socket), workers_die_with_launcher(), usr1_as_sigterm():
+            run(args)
     except SignalException as error:
         if not plan.values.get("quiet"):
             print(
@@ -200,10 +244,46 @@ def run_torchrun(plan: LaunchPlan, port: int) -> int:
                 )
             return TERMINATED_EXIT_CODE
         if not plan.values.get("quiet"):
-            ranks = ", ".join(str(rank) for rank in sorted(failures))
-            print(f"accel launch: process(es) of rank {ranks} failed (see their output above)", file=sys.stderr)
+            print(f"accel launch: {failure_summary(failures)} (see its output above)", file=sys.stderr)
         return 1
     return 0
+
+
+def failure_summary(failures: Mapping[int, Any]) -> str:
+    """Which rank failed first, and which were only stopped because of it.
+
+    When one worker fails, the elastic agent stops the others with SIGTERM, so they are reported as
+    failed too. The first failure is the earliest one that was not a stop signal (ties: the order the
+    agent saw them); the stopped ranks are named apart.
+
+    Args:
+        failures: global rank -> ``ProcessFailure`` (``exitcode``, ``timestamp``), as ``ChildFailedError`` holds them.
+
+    Returns:
+        ``rank 1 failed first (exit code 1); rank 0 was stopped by the launcher`` or the like.
+    """
+    stops = {-int(signal.SIGTERM), -int(signal.SIGKILL), -int(signal.SIGINT)}
+    order = {rank: index for index, rank in enumerate(failures)}
+    own = [rank for rank, failure in failures.items() if failure.exitcode not in stops]
+    candidates = own or list(failures)
+    first = min(candidates, key=lambda rank: (failures[rank].timestamp, order[rank]))
+    code = failures[first].exitcode
+    how = (
+        f"killed by {signal.Signals(-code).name}"
+        if code < 0 and -code in signal.valid_signals()
+        else f"exit code {code}"
+    )
+    text = f"rank {first} failed first ({how})"
+    others = sorted(rank for rank in failures if rank != first)
+    stopped = [rank for rank in others if rank not in own]
+    failed = [rank for rank in others if rank in own]
+    if failed:
+        text += f"; rank {', '.join(map(str, failed))} failed too"
+    if stopped:
+        text += (
+            f"; rank {', '.join(map(str, stopped))} {'was' if len(stopped) == 1 else 'were'} stopped by the launcher"
+        )
+    return text
 
 
 def run_deepspeed(plan: LaunchPlan, port: int) -> int:
@@ -286,9 +366,17 @@ def execute(plan: LaunchPlan) -> int:
     if plan.mode not in ("sagemaker", "tpu_pod"):
         check_script(plan)
     if plan.mode == "simple":
-        return run_simple(plan)
+        code = run_simple(plan)
+        requeue_if_asked(plan, code)
+        return code
     if plan.mode == "torchrun":
-        return run_torchrun(plan, choose_port(plan))
+        sock = reserve_loopback_port(plan)
+        if sock is not None:
+            code = run_torchrun(plan, int(sock.getsockname()[1]), sock)
+        else:
+            code = run_torchrun(plan, choose_port(plan))
+        requeue_if_asked(plan, code)
+        return code
     if plan.mode == "deepspeed":
         return run_deepspeed(plan, choose_port(plan))
     if plan.mode == "mpirun":

@@ -199,3 +199,17 @@ def launch_topology(env: Mapping[str, str]) -> LaunchTopology | None:
         _read(env, out, sources, "main_process_port", "MASTER_PORT")
         return LaunchTopology("environment", sources=sources, fallback=True, **out)  # type: ignore[arg-type]
     return None
+
+
+def requeue_command(env: Mapping[str, str]) -> list[str] | None:
+    """The command that puts this SLURM job back in the queue (``scontrol requeue $SLURM_JOB_ID``), or
+    None outside a SLURM job. For a job array's task, the task's own id (``<array>_<task>``).
+
+    Args:
+        env: the environment to read (a copy of ``os.environ``).
+    """
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    job = f"{array}_{task}" if array and task else env.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    return ["scontrol", "requeue", str(job)]
