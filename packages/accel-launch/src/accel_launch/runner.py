@@ -262,7 +262,7 @@ def failure_summary(failures: Mapping[int, Any]) -> str:
     Returns:
         ``rank 1 failed first (exit code 1); rank 0 was stopped by the launcher`` or the like.
     """
-    stops = {-int(signal.SIGTERM), -int(signal.SIGKILL), -int(signal.SIGINT)}
+    stops = {-int(signal.SIGTERM), -int(signal.SIGINT)}  # what the agent sends the others
     order = {rank: index for index, rank in enumerate(failures)}
     own = [rank for rank, failure in failures.items() if failure.exitcode not in stops]
     candidates = own or list(failures)
