@@ -95,6 +95,8 @@ def test_ray_train_matches_accel_launch_and_resumes_a_killed_worker_exactly(tmp_
     for run in runs:
         run.mkdir()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"}
+    # Ray's workers import train_func by module name: they find it through PYTHONPATH.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "examples"), os.environ.get("PYTHONPATH")]))
     process = subprocess.Popen(
         [sys.executable, str(driver), *map(str, runs)],
         env=env,
