@@ -45,7 +45,7 @@ def train_func(config: dict[str, Any]) -> None:
     Args:
         config: ``out`` (a folder for the checkpoints and the final weights, seen by every worker),
             ``ray`` (report checkpoints to Ray), ``kill_at`` (``epoch:batch:rank`` to SIGKILL a worker
-            once, to show a restart), ``steps_log`` (append ``time`` after every step on rank 0).
+            once, to show a restart), ``steps_log`` (append ``epoch time`` after every step on rank 0).
     """
     import torch
     from safetensors.torch import save_file
@@ -87,7 +87,7 @@ def train_func(config: dict[str, Any]) -> None:
             optimizer.zero_grad()
             if config.get("steps_log") and rank == 0:
                 with open(config["steps_log"], "a") as log:
-                    log.write(f"{time.time():.6f}\n")
+                    log.write(f"{epoch} {time.time():.6f}\n")
         scheduler.step()
         progress.epoch = epoch + 1
         if config.get("ray"):
@@ -163,7 +163,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2, help="Ray Train workers (CPU).")
     parser.add_argument("--max_failures", type=int, default=1, help="Worker-group restarts Ray may do.")
     parser.add_argument("--kill_at", default=None, help=f"{KILL_FORMAT}: SIGKILL that worker once (a demo fault).")
-    parser.add_argument("--steps_log", default=None, help="Append the time of every step on rank 0 to this file.")
+    parser.add_argument(
+        "--steps_log", default=None, help="Append `epoch time` after every step on rank 0 to this file."
+    )
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     config = {"out": os.path.abspath(args.out), "kill_at": args.kill_at, "steps_log": args.steps_log}

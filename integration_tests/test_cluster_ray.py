@@ -126,7 +126,8 @@ def test_ray_train_matches_accel_launch_and_resumes_a_killed_worker_exactly(tmp_
     assert process.returncode == 0, out[-6000:]
     assert out.count("RAY RUN DONE") == 2
     assert (runs[1] / "killed_once").exists()  # the fault really happened
-    assert "resumed from epoch 2" in out, out[-6000:]
+    # From the last checkpoint Ray had registered when the worker died (epoch 1 or 2 done).
+    assert re.search(r"resumed from epoch [12]\b", out), out[-6000:]
     for run in runs:
         got = load_file(str(run / "final.safetensors"))
         assert got.keys() == expected.keys()
