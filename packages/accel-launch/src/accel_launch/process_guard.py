@@ -107,38 +107,54 @@ def parent_death_hook() -> Callable[[], None] | None:
     return die_with_parent
 
 
-def parent_death_prefix() -> list[str] | None:
+class ParentDeathPrefix:
     """``setpriv --pdeathsig KILL --``: a command prefix that gives the command the parent-death signal
-    before it starts (util-linux's ``setpriv``, one ``exec``), or None where ``setpriv`` cannot do it.
+    before it starts (util-linux's ``setpriv``, one ``exec``), when this system's ``setpriv`` can do it.
 
     A prefix rather than a ``preexec_fn``: a ``preexec_fn`` makes Python fork the whole launcher (torch
-    loaded) for each worker, 10-30 ms each, where a plain spawn takes 0.1 ms.
+    loaded) for each worker, 10-30 ms each, where a plain spawn takes 0.1 ms. Whether ``setpriv``
+    knows ``--pdeathsig`` is checked by running it once; create the object early (it starts the check)
+    and read :meth:`result` when the workers start, so the check runs while torch is imported.
     """
-    if not sys.platform.startswith("linux"):
-        return None
-    import shutil
-    import subprocess
 
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        return None
-    prefix = [setpriv, "--pdeathsig", "KILL", "--"]
-    try:
-        works = subprocess.run([*prefix, "true"], capture_output=True, check=False, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        works = False
-    return prefix if works else None
+    def __init__(self) -> None:
+        import shutil
+        import subprocess
+
+        self._probe: subprocess.Popen | None = None
+        self.prefix: list[str] | None = None
+        setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+        if setpriv is None:
+            return
+        self.prefix = [setpriv, "--pdeathsig", "KILL", "--"]
+        try:
+            self._probe = subprocess.Popen([*self.prefix, "true"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except OSError:
+            self.prefix = None
+
+    def result(self) -> list[str] | None:
+        """The prefix, or None where ``setpriv`` is missing or refused ``--pdeathsig``."""
+        if self._probe is not None:
+            try:
+                works = self._probe.wait(timeout=10) == 0
+            except Exception:
+                self._probe.kill()
+                works = False
+            self._probe = None
+            if not works:
+                self.prefix = None
+        return self.prefix
 
 
 @contextlib.contextmanager
-def workers_die_with_launcher() -> Iterator[None]:
+def workers_die_with_launcher(probe: ParentDeathPrefix | None = None) -> Iterator[None]:
     """While the block runs, the processes torch's elastic agent starts die when the launcher dies
     (even by SIGKILL, when nothing can forward a signal): no worker left running on its own.
 
-    Each worker command is started through :func:`parent_death_prefix` (``preexec_fn`` of
-    :func:`parent_death_hook` where ``setpriv`` is missing).
+    Each worker command is started through the :class:`ParentDeathPrefix` (``probe``, started earlier,
+    else now), or with :func:`parent_death_hook` as ``preexec_fn`` where ``setpriv`` cannot do it.
     """
-    prefix = parent_death_prefix()
+    prefix = (probe or ParentDeathPrefix()).result()
     hook = None if prefix is not None else parent_death_hook()
     if prefix is None and hook is None:
         yield

@@ -28,6 +28,7 @@ from accel_launch.commands_build import (
 )
 from accel_launch.plan import LaunchPlan
 from accel_launch.process_guard import (
+    ParentDeathPrefix,
     parent_death_hook,
     reserve_loopback_port,
     store_served_on,
@@ -213,6 +214,7 @@ def run_torchrun(plan: LaunchPlan, port: int, store_socket: socket.socket | None
     elastic agent, which gives them 30 s to finish (and save, with ``save_on_preemption``); the
     launcher then exits with status 143. Workers that exit with 143 themselves give the same status.
     """
+    probe = ParentDeathPrefix()  # checked while torch is imported below
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -222,7 +224,7 @@ def run_torchrun(plan: LaunchPlan, port: int, store_socket: socket.socket | None
     for key, value in restart_environment(plan).items():
         os.environ.setdefault(key, value)
     try:
-        with store_served_on(store_socket), workers_die_with_launcher(), usr1_as_sigterm():
+        with store_served_on(store_socket), workers_die_with_launcher(probe), usr1_as_sigterm():
             run(args)
     except SignalException as error:
         if not plan.values.get("quiet"):
