@@ -75,8 +75,8 @@ def store_served_on(sock: socket.socket | None) -> Iterator[None]:
                 kwargs["master_listen_fd"] = held.pop().detach()
             super().__init__(host_name, port_number, *args, **kwargs)
 
-    dist.TCPStore = LoopbackStore  # type: ignore[misc]
-    c10d_rendezvous_backend.TCPStore = LoopbackStore  # type: ignore[misc]
+    dist.TCPStore = LoopbackStore  # type: ignore[misc, assignment]
+    c10d_rendezvous_backend.TCPStore = LoopbackStore  # type: ignore[misc, assignment]
     try:
         yield
     finally:
