@@ -180,6 +180,14 @@ def integration(session: nox.Session) -> None:
     _pytest(session, "integration", str(ROOT / "integration_tests"))
 
 
+@nox.session(tags=["ci"])
+def ray(session: nox.Session) -> None:
+    """An accel script under Ray Train's TorchTrainer (2 CPU workers, loopback only), as under accel launch."""
+    _install_local(session, *ORDER, extras={"accel": "test", "accel-launch": "ray"})
+    session.install(*_constraints(), "safetensors")
+    _pytest(session, "ray", str(ROOT / "integration_tests" / "test_cluster_ray.py"))
+
+
 # Libraries that import the documented system by name, pinned; accel stands in for it through the
 # opt-in alias (ACCEL_PROVIDE_ACCELERATE=1, accel.accelerate_alias).
 CLIENT_PINS = {"transformers": "transformers==5.23.0", "peft": "peft==0.21.2"}

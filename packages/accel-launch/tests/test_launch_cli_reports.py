@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 
+import pytest
 from launch_helpers import run_cli
 
 from accel_launch.commands.env import DISTRIBUTIONS, installed_versions
@@ -56,7 +57,9 @@ def test_command_modules_offer_the_documented_functions(tmp_path, capsys) -> Non
 
     parser = launch.launch_command_parser()
     args = parser.parse_args(["--cpu", "--num_processes", "1", str(tmp_path / "missing.py")])
-    assert launch.launch_command(args) == 2  # a missing script: a clear error, exit status 2
+    with pytest.raises(FileNotFoundError, match="missing.py"):  # from Python: the documented exception
+        launch.launch_command(args)
+    assert launch.run(args) == 2  # the CLI: a clear line, exit status 2
     assert "missing.py" in capsys.readouterr().err
     subparsers = argparse.ArgumentParser("accel").add_subparsers()
     for make in (tpu.tpu_command_parser, to_fsdp2.to_fsdp2_command_parser, env.env_command_parser):

@@ -45,10 +45,18 @@ class AccelArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
+#: Older flag names still accepted for an option (the documented system's spellings).
+FLAG_ALIASES: dict[str, tuple[str, ...]] = {
+    "fsdp_backward_prefetch": ("fsdp_backward_prefetch_policy",),
+}
+
+
 def _flags(option: Option) -> list[str]:
-    names = [f"--{option.dest}"]
-    if "_" in option.dest:
-        names.append(f"--{option.dest.replace('_', '-')}")
+    names = []
+    for name in (option.dest, *FLAG_ALIASES.get(option.dest, ())):
+        names.append(f"--{name}")
+        if "_" in name:
+            names.append(f"--{name.replace('_', '-')}")
     return [*option.short, *names]
 
 

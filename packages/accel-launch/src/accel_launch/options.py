@@ -105,9 +105,12 @@ OPTIONS: tuple[Option, ...] = (
     _O("module", "switch", G_GENERAL, "Run the script as a module, like 'python -m'.", None, short=("-m",)),
     _O("no_python", "switch", G_GENERAL, "Run the script as an executable, without 'python' in front.", None),
     _O("debug", "switch", G_GENERAL, "Print the torch.distributed stack trace on failure; check collectives.", TOP, default=False),
+    _O("dry_run", "switch", G_GENERAL, "Print the resolved launch plan (and where each value came from) without starting anything.", None),
+    _O("json", "switch", G_GENERAL, "With --dry_run: print the plan as JSON.", None),
     # hardware
     _O("cpu", "switch", G_HARDWARE, "Run on the CPU even when an accelerator is present.", TOP, key="use_cpu", default=False),
     _O("multi_gpu", "switch", G_HARDWARE, "Launch a distributed GPU run.", None),
+    _O("cpu_fallback", "switch", G_HARDWARE, "With --multi_gpu or --gpu_ids on a machine without GPU, run on the CPU (said on stderr) instead of failing.", None),
     _O("tpu", "switch", G_HARDWARE, "Launch a TPU run.", None),
     _O("ipex", "switch", G_HARDWARE, "Use Intel Extension for PyTorch (IPEX).", "ipex_config", default=False),
     # resources
@@ -140,6 +143,7 @@ OPTIONS: tuple[Option, ...] = (
     _O("rdzv_conf", "str", G_DISTRIBUTED, "More rendezvous settings (<key1>=<value1>,<key2>=<value2>,...).", None, default=""),
     _O("max_restarts", "int", G_DISTRIBUTED, "Worker group restarts before failing.", None, default=0),
     _O("monitor_interval", "float", G_DISTRIBUTED, "Seconds between checks of the workers' state.", None, default=0.1),
+    _O("requeue_on_preemption", "switch", G_DISTRIBUTED, "In a SLURM job: after the workers stopped on SIGTERM/SIGUSR1 (and saved, with save_on_preemption), requeue the job with `scontrol requeue $SLURM_JOB_ID`.", None),
     # TPU
     _O("tpu_cluster", "switch", G_TPU, "Use a GCP TPU pod.", TOP, key="tpu_use_cluster", default=False),
     _O("no_tpu_cluster", "switch", G_TPU, "Do not use a TPU pod even if the config says so.", None),

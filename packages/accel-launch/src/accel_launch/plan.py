@@ -115,6 +115,13 @@ class LaunchPlan:
     #: Variables of ``env`` whose value is only the launcher's default (no flag, no config key set it):
     #: a value the user exported for them wins (see :func:`accel_launch.runner.launch_env`).
     defaulted_env: frozenset[str] = frozenset()
+    #: Where each launch option's value came from: ``flag --x``, ``config file <path>``, ``environment
+    #: PET_NNODES`` (a scheduler's variable), ``chosen by the launcher (...)`` or ``default``.
+    sources: Mapping[str, str] = field(default_factory=dict)
+    #: Things the user should know about this launch (a flag that does nothing here, a fall-back taken).
+    warnings: tuple[str, ...] = ()
+    #: The scheduler whose variables filled in the topology (``slurm``, ``kubernetes``), if any.
+    scheduler: str | None = None
 
     @property
     def nproc_per_node(self) -> int:
@@ -168,26 +175,60 @@ def _check_flag_values(flags: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def merge(flags: Mapping[str, Any], config: Any) -> tuple[dict[str, Any], set[str]]:
-    """Flags over config over defaults; also returns the names whose value came from neither."""
+#: Launch options a scheduler's variables may fill in (:func:`accel_state.cluster.launch_topology`).
+TOPOLOGY_OPTIONS = ("num_machines", "machine_rank", "main_process_ip", "main_process_port")
+
+
+def topology_values(topology: Any) -> dict[str, tuple[Any, str]]:
+    """Launch option -> (value, source) from a :class:`accel_state.cluster.LaunchTopology` (None: nothing)."""
+    if topology is None or topology.fallback:
+        return {}
+    out: dict[str, tuple[Any, str]] = {}
+    for name in TOPOLOGY_OPTIONS:
+        value = getattr(topology, name)
+        if value is not None:
+            out[name] = (value, f"environment {topology.sources.get(name, topology.scheduler)}")
+    machines, per_machine = topology.num_machines, topology.nproc_per_machine
+    if per_machine is not None:
+        source = topology.sources.get("nproc_per_machine", "")
+        if machines is not None:
+            source += f" x {topology.sources.get('num_machines', '')}"
+        out["num_processes"] = (per_machine * (machines or 1), f"environment {source}")
+    return out
+
+
+def merge(
+    flags: Mapping[str, Any], config: Any, cluster: Mapping[str, tuple[Any, str]] | None = None
+) -> tuple[dict[str, Any], set[str]]:
+    """Flags over a scheduler's variables over config over defaults; also returns the names whose value
+    came from none of them. ``values["_sources"]`` says where each value came from."""
     flags = _check_flag_values(flags)
     from_config = config_values(config)
+    cluster = cluster or {}
     if any(flags.get(name) for name in _HARDWARE):
         # A hardware or paradigm flag replaces the config's choice of hardware and paradigm
         # (distributed_type and use_cpu); its other keys still apply.
         for name in (*_HARDWARE, "_multi"):
             from_config.pop(name, None)
+    where = f"config file {getattr(config, 'source', None) or ''}".strip()
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     defaulted: set[str] = set()
     for option in OPTIONS:
         if option.dest in flags:
             values[option.dest] = flags[option.dest]
+            sources[option.dest] = f"flag --{option.dest}"
+        elif option.dest in cluster:
+            values[option.dest], sources[option.dest] = cluster[option.dest]
         elif option.dest in from_config:
             values[option.dest] = from_config[option.dest]
+            sources[option.dest] = where
         else:
             values[option.dest] = option.default
+            sources[option.dest] = "default"
             defaulted.add(option.dest)
     values["_multi"] = bool(from_config.get("_multi"))
+    values["_sources"] = sources
     return values, defaulted
 
 
@@ -241,25 +282,44 @@ def resolve(
     machine: MachineInfo | None = None,
     training_script: str = "",
     training_script_args: tuple[str, ...] | list[str] = (),
+    topology: Any = None,
 ) -> LaunchPlan:
     """The launch plan for ``flags`` (given flags only), ``config`` (a loaded config or None) on ``machine``.
 
     Args:
-        flags: The flags given on the command line (name -> value), only those given.
-        config: A loaded config, or `None`.
-        machine: Facts about this machine (accelerators, counts).
-        training_script: The script to run.
-        training_script_args: Its arguments.
+        flags: the launch options given on the command line (see ``given_flags``).
+        config: the loaded config file, or None.
+        machine: what this machine offers (a CPU-only machine when None).
+        training_script: the script (module, program) to run.
+        training_script_args: its arguments.
+        topology: what a scheduler says about the run (:func:`accel_state.cluster.launch_topology`):
+            fills the machines, machine rank, rendezvous address and processes the flags leave open,
+            over the config file.
+
+    Returns:
+        The :class:`LaunchPlan` (nothing started).
+
+    Raises:
+        ConfigError: values that cannot be used (the message names them and what would be right).
     """
     machine = machine or MachineInfo()
     sagemaker = (
         config is not None and getattr(config, "compute_environment", None) == ComputeEnvironment.AMAZON_SAGEMAKER
     )
-    values, defaulted = merge(flags, config)
+    values, defaulted = merge(flags, config, topology_values(topology))
+    sources: dict[str, str] = values.pop("_sources")
+    warnings: list[str] = []
     if getattr(config, "parallelism_config", None) and not values.get("use_parallelism_config"):
         values["use_parallelism_config"] = True  # a file's parallelism_config section asks for it
     _check_paradigms(values)
     notes: list[str] = []
+    _check_gpu_request(values, machine, sources, warnings)
+    if values.get("gradient_accumulation_steps") is not None and not values.get("use_deepspeed"):
+        warnings.append(
+            f"{_named('gradient_accumulation_steps', sources)} is a DeepSpeed setting: it fills "
+            "`gradient_accumulation_steps` of the DeepSpeed config and does nothing without --use_deepspeed; "
+            "set Accelerator(gradient_accumulation_steps=...) in the script instead"
+        )
 
     if values["num_processes"] is not None and values["num_processes"] < 1:
         raise ConfigError(f"--num_processes must be at least 1, got {values['num_processes']}")
@@ -272,11 +332,19 @@ def resolve(
             f"--machine_rank must be between 0 and {num_machines - 1} (--num_machines {num_machines}), got {machine_rank}"
         )
     num_processes = _num_processes(values, machine, notes, defaulted)
+    if sources["num_processes"] == "default":
+        sources["num_processes"] = f"chosen by the launcher ({notes[0]})" if notes else "default"
     if num_processes % num_machines:
         raise ConfigError(
             f"--num_processes {num_processes} is the total over all machines and must be a multiple of "
             f"--num_machines {num_machines}"
         )
+    if num_machines > 1 and not values.get("main_process_ip") and getattr(topology, "fallback", False):
+        # The plain MASTER_ADDR/MASTER_PORT (Kubeflow and most job runners export them).
+        for name in ("main_process_ip", "main_process_port"):
+            if getattr(topology, name) is not None and sources[name] in ("default",):
+                values[name] = getattr(topology, name)
+                sources[name] = f"environment {topology.sources[name]}"
     if num_machines > 1 and not values.get("main_process_ip") and not values.get("tpu") and not sagemaker:
         raise ConfigError("a run on several machines needs --main_process_ip (the address of the machine of rank 0)")
     port = values.get("main_process_port")
@@ -326,7 +394,41 @@ def resolve(
             "config": config,
         },
         defaulted_env=_defaulted_env(env, defaulted),
+        sources=sources,
+        warnings=tuple(warnings),
+        scheduler=None if topology is None or topology.fallback else topology.scheduler,
     )
+
+
+def _named(name: str, sources: Mapping[str, str]) -> str:
+    """``--name`` for a flag, else ``name (where it came from)``."""
+    source = sources.get(name, "default")
+    return f"--{name}" if source.startswith("flag") else f"{name} ({source})"
+
+
+def _check_gpu_request(
+    values: dict[str, Any], machine: MachineInfo, sources: Mapping[str, str], out: list[str]
+) -> None:
+    """``--multi_gpu`` or ``--gpu_ids`` on a machine without an accelerator: an error, or with
+    ``--cpu_fallback`` a CPU run that says so (in ``out``)."""
+    if machine.has_accelerator or values.get("cpu") or values.get("tpu"):
+        return
+    asked = [
+        _named(name, sources)
+        for name in ("multi_gpu", "gpu_ids")
+        if values.get(name) and str(values[name]).strip().lower() != "all"
+    ]
+    if not asked:
+        return
+    if not values.get("cpu_fallback"):
+        raise ConfigError(
+            f"{' and '.join(asked)} asks for GPUs, but this machine has none (torch finds no CUDA, XPU, NPU, MLU, "
+            "MUSA or HPU device): pass --cpu to run on the CPU, or add --cpu_fallback to fall back to it"
+        )
+    out.append(f"{' and '.join(asked)} asks for GPUs, but this machine has none: running on the CPU (--cpu_fallback)")
+    values["multi_gpu"] = False
+    values["gpu_ids"] = None
+    values["cpu"] = True
 
 
 #: Variables whose name does not say which launch option sets them.

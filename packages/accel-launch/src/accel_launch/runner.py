@@ -27,6 +27,14 @@ from accel_launch.commands_build import (
     torchrun_args,
 )
 from accel_launch.plan import LaunchPlan
+from accel_launch.process_guard import (
+    ParentDeathPrefix,
+    parent_death_hook,
+    reserve_loopback_port,
+    store_served_on,
+    usr1_as_sigterm,
+    workers_die_with_launcher,
+)
 from accel_launch.values import ConfigError
 
 #: Exit status of a launch stopped by SIGTERM (128 + 15, as a shell reports it): what a scheduler's
@@ -34,8 +42,12 @@ from accel_launch.values import ConfigError
 TERMINATED_EXIT_CODE = 128 + int(signal.SIGTERM)
 
 
-class LaunchError(RuntimeError):
-    """A launch that cannot start; the message says why and what to do."""
+class LaunchError(ValueError):
+    """A launch that cannot start; the message says why and what to do.
+
+    A ``ValueError``, as the documented ``launch_command`` raises for arguments it cannot use; a missing
+    script is a ``FileNotFoundError`` and a main port already taken a ``ConnectionError``.
+    """
 
 
 def is_port_in_use(port: int | None = None, host: str = "127.0.0.1") -> bool:
@@ -75,11 +87,11 @@ def check_script(plan: LaunchPlan) -> None:
     script = plan.training_script
     if plan.values.get("no_python"):
         if (os.sep in script and not Path(script).exists()) or (os.sep not in script and shutil.which(script) is None):
-            raise LaunchError(f"the program {script!r} was not found (with --no_python it must be an executable)")
+            raise FileNotFoundError(f"the program {script!r} was not found (with --no_python it must be an executable)")
         return
     if not Path(script).is_file():
         hint = " (to run a module, add -m)" if "." in script and not script.endswith(".py") else ""
-        raise LaunchError(f"the training script {script!r} was not found{hint}")
+        raise FileNotFoundError(f"the training script {script!r} was not found{hint}")
 
 
 def choose_port(plan: LaunchPlan) -> int:
@@ -88,7 +100,7 @@ def choose_port(plan: LaunchPlan) -> int:
     if plan.port_given:
         port = int(plan.main_process_port or 0)
         if plan.machine_rank == 0 and _is_local(plan.main_process_ip) and is_port_in_use(port):
-            raise LaunchError(
+            raise ConnectionError(
                 f"--main_process_port {port} is already in use on this machine; stop what listens on it "
                 f"or pick another port (for example --main_process_port {free_port()})"
             )
@@ -132,10 +144,11 @@ def run_simple(plan: LaunchPlan) -> int:
     """One process: run the script as a child with the plan's environment; its exit code is ours."""
     cmd = script_command(plan)
     try:
-        process = subprocess.Popen(cmd, env=_child_env(plan))
+        process = subprocess.Popen(cmd, env=_child_env(plan), preexec_fn=parent_death_hook())
     except FileNotFoundError as error:
         raise LaunchError(f"cannot start {cmd[0]!r}: {error}") from None
     previous = _forward_signal(signal.SIGTERM, process)
+    previous_usr1 = _forward_signal(signal.SIGUSR1, process, as_signal=signal.SIGTERM)
     try:
         code = process.wait()
     except KeyboardInterrupt:
@@ -144,6 +157,8 @@ def run_simple(plan: LaunchPlan) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if previous_usr1 is not None:
+            signal.signal(signal.SIGUSR1, previous_usr1)
     if code == -signal.SIGTERM:
         code = TERMINATED_EXIT_CODE
     if code != 0 and not plan.values.get("quiet"):
@@ -151,26 +166,60 @@ def run_simple(plan: LaunchPlan) -> int:
     return code
 
 
-def _forward_signal(sig: signal.Signals, process: subprocess.Popen) -> Any:
-    """Pass ``sig`` on to ``process`` (the launcher's child) instead of dying and leaving it behind;
-    the previous handler, or None outside the main thread."""
+def _forward_signal(sig: signal.Signals, process: subprocess.Popen, as_signal: signal.Signals | None = None) -> Any:
+    """Pass ``sig`` on to ``process`` (the launcher's child; as ``as_signal`` when given) instead of dying
+    and leaving it behind; the previous handler, or None outside the main thread."""
     if threading.current_thread() is not threading.main_thread():
         return None
 
     def forward(signum: int, frame: Any) -> None:
         if process.poll() is None:
-            process.send_signal(signum)
+            process.send_signal(as_signal or signum)
 
     return signal.signal(sig, forward)
 
 
-def run_torchrun(plan: LaunchPlan, port: int) -> int:
+def requeue_if_asked(plan: LaunchPlan, code: int, environ: Mapping[str, str] | None = None) -> None:
+    """With ``--requeue_on_preemption``, after a run stopped on request (status 143) in a SLURM job:
+    ``scontrol requeue $SLURM_JOB_ID``, from machine rank 0 only (one requeue per job).
+
+    The job comes back with the same id and the same command; the script resumes from the checkpoint
+    the preemption save wrote. A failure to requeue is reported, the exit status stays 143.
+    """
+    from accel_state.cluster import requeue_command
+
+    if code != TERMINATED_EXIT_CODE or not plan.values.get("requeue_on_preemption") or plan.machine_rank != 0:
+        return
+    environ = os.environ if environ is None else environ
+    command = requeue_command(environ)
+    if command is None:
+        print(
+            "accel launch: --requeue_on_preemption: not in a SLURM job (no SLURM_JOB_ID), nothing requeued",
+            file=sys.stderr,
+        )
+        return
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        print(f"accel launch: could not requeue the job ({' '.join(command)}): {error}", file=sys.stderr)
+        return
+    if done.returncode != 0:
+        print(
+            f"accel launch: `{' '.join(command)}` failed (status {done.returncode}): {done.stderr.strip()}",
+            file=sys.stderr,
+        )
+        return
+    print(f"accel launch: preempted; job requeued ({' '.join(command)})", file=sys.stderr)
+
+
+def run_torchrun(plan: LaunchPlan, port: int, store_socket: socket.socket | None = None) -> int:
     """Several processes (or machines) through torch.distributed.run, in this process.
 
     SIGTERM to the launcher (a scheduler preempting the job) is passed on to the workers by the
     elastic agent, which gives them 30 s to finish (and save, with ``save_on_preemption``); the
     launcher then exits with status 143. Workers that exit with 143 themselves give the same status.
     """
+    probe = ParentDeathPrefix()  # checked while torch is imported below
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -180,7 +229,8 @@ def run_torchrun(plan: LaunchPlan, port: int) -> int:
     for key, value in restart_environment(plan).items():
         os.environ.setdefault(key, value)
     try:
-        run(args)
+        with store_served_on(store_socket), workers_die_with_launcher(probe), usr1_as_sigterm():
+            run(args)
     except SignalException as error:
         if not plan.values.get("quiet"):
             print(
@@ -201,10 +251,46 @@ def run_torchrun(plan: LaunchPlan, port: int) -> int:
                 )
             return TERMINATED_EXIT_CODE
         if not plan.values.get("quiet"):
-            ranks = ", ".join(str(rank) for rank in sorted(failures))
-            print(f"accel launch: process(es) of rank {ranks} failed (see their output above)", file=sys.stderr)
+            print(f"accel launch: {failure_summary(failures)} (see its output above)", file=sys.stderr)
         return 1
     return 0
+
+
+def failure_summary(failures: Mapping[int, Any]) -> str:
+    """Which rank failed first, and which were only stopped because of it.
+
+    When one worker fails, the elastic agent stops the others with SIGTERM, so they are reported as
+    failed too. The first failure is the earliest one that was not a stop signal (ties: the order the
+    agent saw them); the stopped ranks are named apart.
+
+    Args:
+        failures: global rank -> ``ProcessFailure`` (``exitcode``, ``timestamp``), as ``ChildFailedError`` holds them.
+
+    Returns:
+        ``rank 1 failed first (exit code 1); rank 0 was stopped by the launcher`` or the like.
+    """
+    stops = {-int(signal.SIGTERM), -int(signal.SIGINT)}  # what the agent sends the others
+    order = {rank: index for index, rank in enumerate(failures)}
+    own = [rank for rank, failure in failures.items() if failure.exitcode not in stops]
+    candidates = own or list(failures)
+    first = min(candidates, key=lambda rank: (failures[rank].timestamp, order[rank]))
+    code = failures[first].exitcode
+    how = (
+        f"killed by {signal.Signals(-code).name}"
+        if code < 0 and -code in signal.valid_signals()
+        else f"exit code {code}"
+    )
+    text = f"rank {first} failed first ({how})"
+    others = sorted(rank for rank in failures if rank != first)
+    stopped = [rank for rank in others if rank not in own]
+    failed = [rank for rank in others if rank in own]
+    if failed:
+        text += f"; rank {', '.join(map(str, failed))} failed too"
+    if stopped:
+        text += (
+            f"; rank {', '.join(map(str, stopped))} {'was' if len(stopped) == 1 else 'were'} stopped by the launcher"
+        )
+    return text
 
 
 def run_deepspeed(plan: LaunchPlan, port: int) -> int:
@@ -287,9 +373,17 @@ def execute(plan: LaunchPlan) -> int:
     if plan.mode not in ("sagemaker", "tpu_pod"):
         check_script(plan)
     if plan.mode == "simple":
-        return run_simple(plan)
+        code = run_simple(plan)
+        requeue_if_asked(plan, code)
+        return code
     if plan.mode == "torchrun":
-        return run_torchrun(plan, choose_port(plan))
+        sock = reserve_loopback_port(plan)
+        if sock is not None:
+            code = run_torchrun(plan, int(sock.getsockname()[1]), sock)
+        else:
+            code = run_torchrun(plan, choose_port(plan))
+        requeue_if_asked(plan, code)
+        return code
     if plan.mode == "deepspeed":
         return run_deepspeed(plan, choose_port(plan))
     if plan.mode == "mpirun":

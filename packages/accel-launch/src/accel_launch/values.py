@@ -40,10 +40,27 @@ def closest(word: str, candidates: Iterable[str]) -> str | None:
 
 def unknown_key_error(key: str, valid: Iterable[str], where: str) -> ConfigError:
     """Error for an unknown ``key`` in ``where``, suggesting the closest valid key."""
+    return unknown_keys_error([key], valid, where)
+
+
+def unknown_keys_error(keys: Iterable[str], valid: Iterable[str], where: str) -> ConfigError:
+    """One error naming every unknown key of ``keys`` in ``where``, each with the closest valid key.
+
+    Args:
+        keys: the unknown keys, in the order they were found.
+        valid: the keys ``where`` accepts.
+        where: what holds the keys (``config file x.yaml``, ``..., section 'fsdp_config'``).
+
+    Returns:
+        The :class:`ConfigError` to raise (the user fixes every key in one go, not one per run).
+    """
     valid = sorted(valid)
-    guess = closest(key, valid)
-    hint = f"; did you mean {guess!r}?" if guess else ""
-    return ConfigError(f"{where}: unknown key {key!r}{hint} (valid keys: {', '.join(valid)})")
+    named = []
+    for key in keys:
+        guess = closest(key, valid)
+        named.append(f"{key!r} (did you mean {guess!r}?)" if guess else repr(key))
+    noun = "key" if len(named) == 1 else f"{len(named)} keys"
+    return ConfigError(f"{where}: unknown {noun} {', '.join(named)} (valid keys: {', '.join(valid)})")
 
 
 def _bool(value: Any) -> bool | None:

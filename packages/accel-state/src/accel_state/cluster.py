@@ -3,13 +3,14 @@
 Pure logic over a mapping of environment variables, so it is tested in-process. It understands
 ``torch.distributed.run`` and ``accel launch`` (``RANK``/``WORLD_SIZE``/...), SLURM (``SLURM_*``)
 and MPI launchers (Open MPI ``OMPI_COMM_WORLD_*``, MPICH/Intel MPI ``PMI_*``, MVAPICH ``MV2_*``).
+:func:`launch_topology` reads what a scheduler (SLURM, a Kubernetes PyTorchJob) tells ``accel launch``.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
@@ -127,3 +128,98 @@ def detect(env: Mapping[str, str]) -> ProcessEnvironment:
         return ProcessEnvironment(rank, slurm_world, local_rank, slurm_local_world, addr, port, "slurm")
 
     return ProcessEnvironment(master_addr=addr, master_port=port)
+
+
+@dataclass(frozen=True)
+class LaunchTopology:
+    """What a scheduler tells a launcher about the run it starts: machines, this machine's rank, where
+    rank 0 listens, processes per machine. ``None`` where the scheduler says nothing; ``sources`` names
+    the variable each value was read from (``{"num_machines": "PET_NNODES", ...}``).
+    """
+
+    scheduler: str
+    num_machines: int | None = None
+    machine_rank: int | None = None
+    main_process_ip: str | None = None
+    main_process_port: int | None = None
+    nproc_per_machine: int | None = None
+    job_id: str | None = None
+    sources: Mapping[str, str] = field(default_factory=dict)
+    #: True for the plain ``MASTER_ADDR``/``MASTER_PORT`` outside a known scheduler: they only fill in
+    #: the address of a run that already has several machines and no address.
+    fallback: bool = False
+
+
+def _read(env: Mapping[str, str], out: dict[str, object], sources: dict[str, str], name: str, *keys: str) -> None:
+    for key in keys:
+        raw = env.get(key)
+        if raw in (None, ""):
+            continue
+        if name == "main_process_ip":
+            out[name] = str(raw).strip()
+        elif name == "nproc_per_machine" and not str(raw).strip().isdigit():
+            return  # torchrun's "auto", "gpu", "cpu": the launcher counts itself
+        else:
+            out[name] = _int(env, key)
+        sources[name] = key
+        return
+
+
+def launch_topology(env: Mapping[str, str]) -> LaunchTopology | None:
+    """The run a scheduler set up for ``accel launch``, or None outside one.
+
+    Kubernetes (the Kubeflow training operator's PyTorchJob): ``PET_NNODES``, ``PET_NODE_RANK``,
+    ``PET_NPROC_PER_NODE``, ``PET_MASTER_ADDR``/``PET_MASTER_PORT`` with the plain ``MASTER_ADDR``/
+    ``MASTER_PORT`` as fall-back. SLURM (inside an allocation, ``SLURM_JOB_ID`` set): ``SLURM_NNODES``,
+    ``SLURM_NODEID`` and the first host of ``SLURM_JOB_NODELIST``. ``PET_NNODES`` may be a range
+    (``2:4``, elastic): its upper end is taken. Elsewhere, an exported ``MASTER_ADDR``/``MASTER_PORT``
+    is returned as a fall-back (``fallback=True``) for a several-machine run given no address.
+
+    Args:
+        env: the environment to read (a copy of ``os.environ``).
+
+    Returns:
+        The :class:`LaunchTopology`, or None when none of these variables is there.
+
+    Raises:
+        ValueError: a variable that must be a number is not one (the message names it).
+    """
+    out: dict[str, object] = {}
+    sources: dict[str, str] = {}
+    if env.get("PET_NNODES") not in (None, ""):
+        nnodes = str(env["PET_NNODES"]).split(":")[-1]
+        env = {**env, "PET_NNODES": nnodes}
+        _read(env, out, sources, "num_machines", "PET_NNODES")
+        _read(env, out, sources, "machine_rank", "PET_NODE_RANK")
+        _read(env, out, sources, "main_process_ip", "PET_MASTER_ADDR", "MASTER_ADDR")
+        _read(env, out, sources, "main_process_port", "PET_MASTER_PORT", "MASTER_PORT")
+        _read(env, out, sources, "nproc_per_machine", "PET_NPROC_PER_NODE")
+        return LaunchTopology("kubernetes", sources=sources, **out)  # type: ignore[arg-type]
+    if env.get("SLURM_JOB_ID") not in (None, "") and env.get("SLURM_NNODES") not in (None, ""):
+        _read(env, out, sources, "num_machines", "SLURM_NNODES")
+        _read(env, out, sources, "machine_rank", "SLURM_NODEID")
+        if env.get("SLURM_JOB_NODELIST"):
+            out["main_process_ip"] = first_slurm_host(env["SLURM_JOB_NODELIST"])
+            sources["main_process_ip"] = "SLURM_JOB_NODELIST"
+        if env.get("MASTER_PORT"):
+            _read(env, out, sources, "main_process_port", "MASTER_PORT")
+        return LaunchTopology("slurm", job_id=str(env["SLURM_JOB_ID"]), sources=sources, **out)  # type: ignore[arg-type]
+    if env.get("MASTER_ADDR") not in (None, ""):
+        _read(env, out, sources, "main_process_ip", "MASTER_ADDR")
+        _read(env, out, sources, "main_process_port", "MASTER_PORT")
+        return LaunchTopology("environment", sources=sources, fallback=True, **out)  # type: ignore[arg-type]
+    return None
+
+
+def requeue_command(env: Mapping[str, str]) -> list[str] | None:
+    """The command that puts this SLURM job back in the queue (``scontrol requeue $SLURM_JOB_ID``), or
+    None outside a SLURM job. For a job array's task, the task's own id (``<array>_<task>``).
+
+    Args:
+        env: the environment to read (a copy of ``os.environ``).
+    """
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    job = f"{array}_{task}" if array and task else env.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    return ["scontrol", "requeue", str(job)]

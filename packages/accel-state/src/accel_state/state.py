@@ -115,6 +115,7 @@ class PartialState:
                 init_kwargs["world_size"] = proc.world_size
             dist.init_process_group(**init_kwargs)
             self._owns_process_group = True
+            _STARTED["default_group"] = True
             self.num_processes = dist.get_world_size()
             self.process_index = dist.get_rank()
             self.local_process_index = proc.local_rank
@@ -306,9 +307,11 @@ class PartialState:
 
         if group is not None:
             dist.destroy_process_group(group)
-        elif self._shared_state.get("_owns_process_group") and dist.is_initialized():
+        elif (self._shared_state.get("_owns_process_group") or _STARTED["default_group"]) and dist.is_initialized():
+            # A state reset forgets the shared state, not that this process started the group.
             dist.destroy_process_group()
             self._shared_state["_owns_process_group"] = False
+            _STARTED["default_group"] = False
 
     @staticmethod
     def _reset_state() -> None:
@@ -322,6 +325,11 @@ class PartialState:
                 "Create `PartialState()` (or an `Accelerator`) first."
             )
         raise AttributeError(f"'PartialState' object has no attribute '{name}'")
+
+
+#: Whether accel started this process's default group (survives ``_reset_state``; a group started by
+#: the user or another library, Ray Train's say, is theirs to destroy).
+_STARTED = {"default_group": False}
 
 
 def _destroy_at_exit() -> None:

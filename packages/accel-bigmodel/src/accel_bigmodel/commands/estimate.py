@@ -44,18 +44,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the estimate table; 1 with a message on a model that cannot be built."""
+    """The CLI: :func:`estimate_command`, a model that cannot be built as one line and exit status 1."""
     import sys
 
-    from accel_bigmodel.estimate import format_table, gather_data
-
     try:
-        rows = gather_data(args)
+        return estimate_command(args)
     except (ValueError, ImportError) as err:
         print(f"accel estimate-memory: {err}", file=sys.stderr)
         return 1
-    print(format_table(args.model_name, rows))
-    return 0
 
 
 def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
@@ -66,8 +62,24 @@ def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 
 
 def estimate_command(args: argparse.Namespace) -> int:
-    """Run ``estimate-memory`` for parsed arguments (the documented name of :func:`run`)."""
-    return run(args)
+    """Print the estimate table for parsed arguments (the documented function behind ``estimate-memory``).
+
+    Args:
+        args: parsed ``estimate-memory`` arguments.
+
+    Returns:
+        0 once the table is printed.
+
+    Raises:
+        ValueError: the model cannot be found or built from what was given.
+        ImportError: the model's library (transformers, timm) is not installed.
+    """
+    from accel_bigmodel.estimate import format_table
+    from accel_bigmodel.estimate import gather_data as gather
+
+    rows = gather(args)
+    print(format_table(args.model_name, rows))
+    return 0
 
 
 def gather_data(args: argparse.Namespace) -> list[Any]:

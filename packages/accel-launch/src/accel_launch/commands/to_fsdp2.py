@@ -104,36 +104,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    import yaml
-
-    from accel_launch.commands.config.config_args import config_from_dict
-
-    source = Path(args.config_file)
-    target = Path(args.output_file) if args.output_file else source
+    """The CLI: :func:`to_fsdp2_command`, its errors as one line and exit status 2."""
     try:
-        if not source.is_file():
-            raise FileNotFoundError(f"the config file {source} does not exist")
-        if target.exists() and not args.overwrite:
-            raise FileExistsError(f"{target} exists; pass --overwrite to replace it (or choose --output_file)")
-        converted, notes = convert_config(load_config(str(source)))
-        config_from_dict(converted, source=str(target))  # the result must be a valid config
+        return to_fsdp2_command(args)
     except (ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"accel to-fsdp2: error: {error}", file=sys.stderr)
         return 2
-    import json
-
-    text = (
-        json.dumps(converted, indent=2) + "\n"
-        if target.suffix == ".json"
-        else yaml.safe_dump(converted, sort_keys=True)
-    )
-    target.write_text(text)
-    for note in notes:
-        print(f"- {note}")
-    print(f"FSDP2 config written to {target}")
-    return 0
 
 
 def to_fsdp2_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
@@ -146,8 +122,44 @@ def to_fsdp2_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 
 
 def to_fsdp2_command(args: argparse.Namespace) -> int:
-    """Run ``to-fsdp2`` for parsed arguments (the documented name of :func:`run`)."""
-    return run(args)
+    """Convert ``args.config_file`` to FSDP2 and write it (the documented function behind ``to-fsdp2``).
+
+    Args:
+        args: parsed ``to-fsdp2`` arguments (``config_file``, ``output_file``, ``overwrite``).
+
+    Returns:
+        0 once the converted file is written (the changes are printed).
+
+    Raises:
+        FileNotFoundError: the config file does not exist.
+        FileExistsError: the output file exists and ``--overwrite`` was not given.
+        ValueError: the file is empty or not a valid config, or its settings have no FSDP2 equivalent.
+    """
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    from accel_launch.commands.config.config_args import config_from_dict
+
+    source = Path(args.config_file)
+    target = Path(args.output_file) if args.output_file else source
+    if not source.is_file():
+        raise FileNotFoundError(f"the config file {source} does not exist")
+    if target.exists() and not args.overwrite:
+        raise FileExistsError(f"{target} exists; pass --overwrite to replace it (or choose --output_file)")
+    converted, notes = convert_config(load_config(str(source)))
+    config_from_dict(converted, source=str(target))  # the result must be a valid config
+    text = (
+        json.dumps(converted, indent=2) + "\n"
+        if target.suffix == ".json"
+        else yaml.safe_dump(converted, sort_keys=True)
+    )
+    target.write_text(text)
+    for note in notes:
+        print(f"- {note}")
+    print(f"FSDP2 config written to {target}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,7 +37,7 @@ def build_commands(
     prefix = ["cd /usr/share"]
     if install_accelerate:
         if accelerate_version == "dev":
-            prefix.append("pip install git+https://github.com/huggingface/accelerate")
+            prefix.append("pip install -U --pre accel")  # the newest pre-release of accel itself
         elif accelerate_version in ("latest", "", None):
             prefix.append("pip install -U accel")
         else:
@@ -126,37 +126,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    import shlex
+    """The CLI: :func:`tpu_command_launcher`, its errors as one line and exit status 2."""
     import subprocess
 
-    from accel_launch.commands.config.config_args import config_from_dict, find_config_file, read_config_file
-
     try:
-        path = find_config_file(args.config_file)
-        config = config_from_dict(read_config_file(path), source=str(path)) if path is not None else None
-        name = args.tpu_name or getattr(config, "tpu_name", None)
-        zone = args.tpu_zone or getattr(config, "tpu_zone", None)
-        commands = args.command if args.command else getattr(config, "commands", None)
-        command_file = args.command_file or (None if args.command else getattr(config, "command_file", None))
-        cmd = gcloud_command(
-            name,
-            zone,
-            build_commands(commands, command_file, args.install_accelerate, args.accelerate_version),
-            args.use_alpha,
-        )
-    except (TPUConfigError, ValueError, FileNotFoundError) as error:
+        return tpu_command_launcher(args)
+    except subprocess.CalledProcessError as failed:
+        return failed.returncode
+    except (ValueError, FileNotFoundError) as error:
         print(f"accel tpu-config: error: {error}", file=sys.stderr)
-        return 2
-    if args.debug:
-        print(f"Running {shlex.join(cmd)}")
-        return 0
-    try:
-        return subprocess.run(cmd, check=False).returncode
-    except FileNotFoundError:
-        print(
-            "accel tpu-config: error: `gcloud` was not found on the PATH (install the Google Cloud CLI)",
-            file=sys.stderr,
-        )
         return 2
 
 
@@ -170,8 +148,44 @@ def tpu_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 
 
 def tpu_command_launcher(args: argparse.Namespace) -> int:
-    """Run ``accel tpu-config`` with parsed ``args``."""
-    return run(args)
+    """Run the commands of ``args`` on every VM of the pod (``--debug``: print the gcloud line instead).
+
+    Args:
+        args: parsed ``tpu-config`` arguments.
+
+    Returns:
+        0 once gcloud has run the commands (or the line was printed).
+
+    Raises:
+        ValueError: no TPU name, zone or command (:class:`TPUConfigError`), or an invalid config file.
+        FileNotFoundError: the config file, the command file or ``gcloud`` is missing.
+        subprocess.CalledProcessError: gcloud ended with a non-zero exit status.
+    """
+    import shlex
+    import subprocess
+
+    from accel_launch.commands.config.config_args import config_from_dict, find_config_file, read_config_file
+
+    path = find_config_file(args.config_file)
+    config = config_from_dict(read_config_file(path), source=str(path)) if path is not None else None
+    name = args.tpu_name or getattr(config, "tpu_name", None)
+    zone = args.tpu_zone or getattr(config, "tpu_zone", None)
+    commands = args.command if args.command else getattr(config, "commands", None)
+    command_file = args.command_file or (None if args.command else getattr(config, "command_file", None))
+    cmd = gcloud_command(
+        name,
+        zone,
+        build_commands(commands, command_file, args.install_accelerate, args.accelerate_version),
+        args.use_alpha,
+    )
+    if args.debug:
+        print(f"Running {shlex.join(cmd)}")
+        return 0
+    try:
+        subprocess.run(cmd, check=True)
+    except FileNotFoundError:
+        raise FileNotFoundError("`gcloud` was not found on the PATH (install the Google Cloud CLI)") from None
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,14 @@ import torch
 __all__ = ["TINY_GPT", "compare_with_plain_pytorch"]
 
 #: Sizes of the tiny GPT (a transformers GPT-2 config's names).
-TINY_GPT: dict[str, Any] = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 128, "n_positions": 32}
+TINY_GPT: dict[str, Any] = {
+    "model_type": "gpt2",
+    "n_layer": 2,
+    "n_embd": 64,
+    "n_head": 4,
+    "vocab_size": 128,
+    "n_positions": 32,
+}
 
 
 class _ConfigOnly(torch.nn.Module):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from accel_launch.options import LEGACY_KEYS, SECTIONS, TOP, section_options
-from accel_launch.values import ConfigError, check_choice, coerce, unknown_key_error
+from accel_launch.values import ConfigError, check_choice, coerce, unknown_keys_error
 from accel_state.enums import MIXED_PRECISION_CHOICES, ComputeEnvironment, DistributedType, SageMakerDistributedType
 
 CONFIG_FILE_NAME = "default_config.yaml"
@@ -76,14 +76,15 @@ def _check_section(section: str, values: Any, source: str | None) -> dict[str, A
     if not isinstance(values, dict):
         raise ConfigError(f"{_where(source)}: {section!r} must be a mapping of keys to values, got {values!r}")
     known = section_options(section)
+    unknown = [str(key) for key in values if (section, key) not in LEGACY_KEYS and key not in known]
+    if unknown:
+        raise unknown_keys_error(unknown, known, where)
     out: dict[str, Any] = {}
     for key, value in values.items():
         if (section, key) in LEGACY_KEYS:
             from accel_launch.options import BY_DEST
 
             key = BY_DEST[LEGACY_KEYS[(section, key)]].config_key
-        if key not in known:
-            raise unknown_key_error(str(key), known, where)
         option = known[key]
         kind = "bool" if option.kind == "switch" else option.kind
         value = coerce(kind, value, key, where)
@@ -223,9 +224,19 @@ class BaseConfig:
         """
         values = _translate_legacy(dict(values))
         valid = [f.name for f in fields(cls) if f.name != "source"]
-        for key in values:
-            if key not in valid:
-                raise unknown_key_error(str(key), valid, _where(source))
+        errors = []
+        unknown = [str(key) for key in values if key not in valid]
+        if unknown:
+            errors.append(str(unknown_keys_error(unknown, valid, _where(source))))
+        for section in SECTIONS:  # every unknown key of the file in one message, sections included
+            inner = values.get(section) if section in valid else None
+            if isinstance(inner, dict):
+                known = section_options(section)
+                wrong = [str(key) for key in inner if (section, key) not in LEGACY_KEYS and key not in known]
+                if wrong:
+                    errors.append(str(unknown_keys_error(wrong, known, f"{_where(source)}, section {section!r}")))
+        if errors:
+            raise ConfigError("; ".join(errors))
         missing = [f.name for f in fields(cls) if f.name in getattr(cls, "_required", ()) and f.name not in values]
         if missing:
             raise ConfigError(f"{_where(source)}: missing required key(s) {', '.join(missing)}")

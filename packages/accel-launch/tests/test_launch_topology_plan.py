@@ -1,0 +1,107 @@
+"""Schedulers' variables in the launch plan, with the source of each value; the failure summary."""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+from types import SimpleNamespace
+
+import pytest
+
+from accel_launch.commands.config.config_args import config_from_dict
+from accel_launch.dry_run import print_plan
+from accel_launch.launch_args import given_flags, launch_command_parser
+from accel_launch.plan import MachineInfo, resolve
+from accel_launch.runner import failure_summary
+from accel_launch.values import ConfigError
+from accel_state.cluster import launch_topology
+
+CPU = MachineInfo("cpu", 0, 8)
+GPU4 = MachineInfo("cuda", 4, 32)
+
+
+def plan_of(argv: list[str], env: dict | None = None, config: dict | None = None, machine: MachineInfo = CPU):
+    args = launch_command_parser().parse_args([*argv, "train.py"])
+    cfg = config_from_dict(config, source="c.yaml") if config is not None else None
+    topology = launch_topology(env or {})
+    return resolve(given_flags(args), cfg, machine, args.training_script, args.training_script_args, topology)
+
+
+PET = {
+    "PET_NNODES": "2",
+    "PET_NODE_RANK": "1",
+    "PET_NPROC_PER_NODE": "2",
+    "PET_MASTER_ADDR": "m",
+    "PET_MASTER_PORT": "9",
+}
+
+
+def test_pet_variables_drive_a_launch_with_no_flags() -> None:
+    plan = plan_of(["--cpu"], PET)
+    assert (plan.num_machines, plan.machine_rank, plan.num_processes, plan.nproc_per_node) == (2, 1, 4, 2)
+    assert (plan.main_process_ip, plan.main_process_port, plan.scheduler) == ("m", 9, "kubernetes")
+    assert plan.sources["num_machines"] == "environment PET_NNODES"
+    assert plan.sources["num_processes"] == "environment PET_NPROC_PER_NODE x PET_NNODES"
+
+
+def test_flags_win_over_the_scheduler_which_wins_over_the_config_file() -> None:
+    plan = plan_of(
+        ["--cpu", "--machine_rank", "0"], PET, {"num_machines": 1, "machine_rank": 0, "main_process_ip": "x"}
+    )
+    assert plan.machine_rank == 0 and plan.sources["machine_rank"] == "flag --machine_rank"
+    assert plan.num_machines == 2 and plan.main_process_ip == "m"
+
+
+def test_slurm_fills_machines_rank_and_address() -> None:
+    env = {"SLURM_JOB_ID": "5", "SLURM_NNODES": "2", "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "node[3-4]"}
+    plan = plan_of(["--cpu", "--num_processes", "4"], env)
+    assert (plan.num_machines, plan.machine_rank, plan.main_process_ip, plan.scheduler) == (2, 1, "node3", "slurm")
+    assert plan.sources["main_process_ip"] == "environment SLURM_JOB_NODELIST"
+
+
+def test_plain_master_addr_only_completes_a_several_machine_run() -> None:
+    one = plan_of(["--cpu"], {"MASTER_ADDR": "10.0.0.5"})
+    assert one.main_process_ip is None and one.scheduler is None
+    two = plan_of(["--cpu", "--num_machines", "2", "--num_processes", "2"], {"MASTER_ADDR": "10.0.0.5"})
+    assert two.main_process_ip == "10.0.0.5" and two.sources["main_process_ip"] == "environment MASTER_ADDR"
+    with pytest.raises(ConfigError, match="needs --main_process_ip"):
+        plan_of(["--cpu", "--num_machines", "2", "--num_processes", "2"])
+
+
+def test_gpu_request_without_gpu() -> None:
+    with pytest.raises(ConfigError, match="--multi_gpu asks for GPUs, but this machine has none"):
+        plan_of(["--multi_gpu"])
+    with pytest.raises(ConfigError, match=r"multi_gpu \(config file c.yaml\)"):
+        plan_of([], config={"distributed_type": "MULTI_GPU", "num_processes": 2})
+    fallback = plan_of(["--multi_gpu", "--gpu_ids", "0,1", "--cpu_fallback", "--num_processes", "2"])
+    assert fallback.values["cpu"] and "CUDA_VISIBLE_DEVICES" not in fallback.env
+    assert any("--cpu_fallback" in warning for warning in fallback.warnings)
+    on_gpu = plan_of(["--multi_gpu", "--gpu_ids", "0,1"], machine=GPU4)
+    assert on_gpu.env["CUDA_VISIBLE_DEVICES"] == "0,1" and not on_gpu.warnings
+    assert not plan_of(["--gpu_ids", "all"]).warnings  # "all" asks for nothing in particular
+
+
+def test_dry_run_text_names_each_source() -> None:
+    out = io.StringIO()
+    print_plan(plan_of(["--cpu", "--mixed_precision", "bf16"], PET), out=out)
+    text = out.getvalue()
+    assert "nothing was started" in text
+    assert "[environment PET_NNODES]" in text and "[flag --mixed_precision]" in text
+    summary = io.StringIO()
+    print_plan(plan_of(["--cpu"], PET), as_json=True, out=summary)
+    data = json.loads(summary.getvalue())
+    assert data["ranks_on_this_machine"] == [2, 3] and data["scheduler"] == "kubernetes"
+
+
+def _failure(code: int, when: int) -> SimpleNamespace:
+    return SimpleNamespace(exitcode=code, timestamp=when)
+
+
+def test_failure_summary_names_the_first_real_failure() -> None:
+    stopped = -int(signal.SIGTERM)
+    text = failure_summary({0: _failure(stopped, 10), 1: _failure(1, 10)})
+    assert text == "rank 1 failed first (exit code 1); rank 0 was stopped by the launcher"
+    text = failure_summary({2: _failure(3, 11), 0: _failure(4, 10), 1: _failure(stopped, 12)})
+    assert text.startswith("rank 0 failed first (exit code 4); rank 2 failed too; rank 1 was stopped")
+    assert failure_summary({1: _failure(-int(signal.SIGKILL), 5)}) == "rank 1 failed first (killed by SIGKILL)"
