@@ -25,6 +25,7 @@ from accel_bigmodel.planning import check_device_map, device_for
 from accel_bigmodel.progress import progress
 from accel_bigmodel.sizes import str_to_dtype
 from accel_bigmodel.tensor_io import FileMaps, TensorLocation, dtype_name
+from accel_bigmodel.tensors import rebuild_parameter
 from accel_bigmodel.tied import retie_parameters
 from accel_state.logging import get_logger
 
@@ -246,12 +247,10 @@ def _place(modules: dict[str, nn.Module], name: str, value: torch.Tensor, dtype:
         return
     old = owner._parameters[attr]
     requires_grad = bool(old is not None and old.requires_grad and (value.is_floating_point() or value.is_complex()))
-    cls = type(old) if old is not None else nn.Parameter
-    owner._parameters[attr] = (
-        nn.Parameter(value, requires_grad=requires_grad)
-        if cls is nn.Parameter
-        else cls(value, requires_grad=requires_grad)
-    )
+    if old is None or type(old) is nn.Parameter:
+        owner._parameters[attr] = nn.Parameter(value, requires_grad=requires_grad)
+    else:
+        owner._parameters[attr] = rebuild_parameter(old, value, requires_grad)
 
 
 def _is_8bit_bnb_param(param: torch.Tensor) -> bool:
