@@ -110,7 +110,11 @@ def worker(args: argparse.Namespace) -> None:
     def ours() -> None:
         with init_empty_weights():
             empty = build_model(*shape)
-        load_and_quantize_model(empty, _config(args.kind, False), weights_location=args.path)
+        model = load_and_quantize_model(empty, _config(args.kind, False), weights_location=args.path)
+        if args.kind == "nf4":  # time what was asked for: nf4 really applied, not fp4
+            found = {m.weight.quant_state.quant_type for m in model.modules() if hasattr(m.weight, "quant_state")}
+            if found != {"nf4"}:
+                raise RuntimeError(f"load_and_quantize_model gave {found} weights, not nf4")
 
     def by_hand() -> None:
         import bitsandbytes as bnb
@@ -159,6 +163,11 @@ def main() -> None:
     parser.add_argument("--worker", choices=("make", "memory", "ours", "by_hand"), default=None)
     parser.add_argument("--kind", choices=("8bit", "nf4"), default="8bit")
     parser.add_argument("--path", default=None)
+    parser.add_argument(
+        "--baseline-src",
+        default=None,
+        help="accel-bigmodel and accel-quant src folders (joined by ':') to time beside, in the same run",
+    )
     args = parser.parse_args()
     if args.worker is not None:
         args.mode = args.worker
@@ -188,6 +197,15 @@ def main() -> None:
                 hand.append(run_json(me, script, "--worker", "by_hand", *shape, *timing)["seconds"])
             label = f"load_and_quantize_model ({kind}) vs fp32 load + bnb by hand"
             print(ratio_line(label, statistics.median(ours), statistics.median(hand), goal="<= 1.1"))
+            if args.baseline_src:
+                before = [
+                    run_json(me, script, "--worker", "ours", *shape, *timing, env={"PYTHONPATH": args.baseline_src})[
+                        "seconds"
+                    ]
+                    for _ in range(args.repeat)
+                ]
+                label = f"  same, from {args.baseline_src[:30]}..."
+                print(ratio_line(label, statistics.median(before), statistics.median(hand)))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

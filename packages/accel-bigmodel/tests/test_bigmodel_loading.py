@@ -129,7 +129,9 @@ class Payload:
 
 def test_bin_with_arbitrary_objects_is_refused(tmp_path: Path) -> None:
     torch.save({"embed.weight": torch.zeros(32, 16), "payload": Payload()}, tmp_path / "pytorch_model.bin")
-    with pytest.raises(CheckpointError, match="pytorch_model.bin"):
+    from accel_state.errors import UnsafeCheckpointError
+
+    with pytest.raises(UnsafeCheckpointError, match="pytorch_model.bin"):
         load_checkpoint_in_model(empty_net(), tmp_path)
 
 
