@@ -108,6 +108,41 @@ def write_safetensors(path: str, tensors: Mapping[str, torch.Tensor], metadata: 
     return len(header) + size
 
 
+def write_raw_tensor(path: str, tensor: torch.Tensor, what: str = "offloaded weight") -> int:
+    """Write the raw bytes of ``tensor`` (made contiguous, on CPU) to ``path``; returns the size."""
+    data = tensor.detach().to("cpu").contiguous()
+    with writing(path, what) as f:
+        if data.numel():
+            _write_all(f, _byte_view(data))
+    return data.numel() * data.element_size()
+
+
+def link_into(folder: str, source: str) -> str:
+    """A name inside ``folder`` that holds ``source``'s bytes without copying them (hard link, else symlink).
+
+    Lets an offload index refer to weights of a checkpoint stored elsewhere while every index entry
+    stays inside its folder. Returns the name (relative to ``folder``).
+    """
+    import hashlib
+
+    absolute = os.path.abspath(source)
+    name = f"linked-{hashlib.sha1(absolute.encode()).hexdigest()[:12]}-{os.path.basename(absolute)}"
+    target = os.path.join(folder, name)
+    if os.path.exists(target) and os.path.samefile(target, absolute):
+        return name
+    staged = tmp_name(folder, name)
+    try:
+        try:
+            os.link(absolute, staged)
+        except OSError:
+            os.symlink(absolute, staged)
+        os.replace(staged, target)
+    except OSError as err:
+        _remove_quietly(staged)
+        raise write_error(target, err, "offload link") from None
+    return name
+
+
 def write_bytes(path: str, data: bytes, what: str = "checkpoint file") -> int:
     """Write ``data`` to ``path`` (a named error and no partial file on failure); returns the size."""
     with writing(path, what) as f:
