@@ -293,7 +293,14 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
             raise KeyError(f"Weight {key!r} is on disk but no save_folder was given to find {key}.dat.")
         dtype = dtype_from_name(info["dtype"])
         path = dat_path(self.save_folder, key, os.path.join(self.save_folder, INDEX_NAME))
-        return TensorLocation(path, 0, dtype, tuple(info["shape"])), dtype
+        location = TensorLocation(path, 0, dtype, tuple(info["shape"]))
+        size = os.path.getsize(path)
+        if size != location.nbytes:
+            raise CheckpointError(
+                f"Offloaded weight file {path!r} has {size} bytes but its index records {location.nbytes} "
+                f"(dtype {info['dtype']}, shape {list(info['shape'])}): truncated or from another save."
+            )
+        return location, dtype
 
     def _safetensors_path(self, path: str) -> str:
         """Where an in-memory index's ``safetensors_file`` is: as written (absolute, or relative to the

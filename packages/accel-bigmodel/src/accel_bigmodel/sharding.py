@@ -229,6 +229,7 @@ def save_sharded(
     for existing in os.listdir(folder):
         if stale.match(existing) and existing not in plan.filename_to_tensors:
             _remove(os.path.join(folder, existing))
+    remove_leftovers(folder, keep=set())  # hidden files of interrupted saves: no index names them now
     written = list(final.values())
     if plan.is_sharded:
         written.append(index_path)
