@@ -15,7 +15,9 @@ kept unquantized as by default): 87M parameters, 349 MB in fp32. Prints
 The reference ``accelerate`` needs a GPU for ``load_and_quantize_model`` ("No GPU found"), so it is
 not timed here.
 
-    .venv/bin/python tools/bench/quant_bnb.py [--repeat 5] [--width 768] [--blocks 12]
+    .venv/bin/python tools/bench/quant_bnb.py [--repeat 5] [--width 768] [--blocks 12] [--kinds nf4]
+
+The nf4 timing checks that the loaded weights really are nf4 (a run that got fp4 stops with an error).
 """
 
 from __future__ import annotations
@@ -163,11 +165,7 @@ def main() -> None:
     parser.add_argument("--worker", choices=("make", "memory", "ours", "by_hand"), default=None)
     parser.add_argument("--kind", choices=("8bit", "nf4"), default="8bit")
     parser.add_argument("--path", default=None)
-    parser.add_argument(
-        "--baseline-src",
-        default=None,
-        help="accel-bigmodel and accel-quant src folders (joined by ':') to time beside, in the same run",
-    )
+    parser.add_argument("--kinds", default="8bit,nf4", help="which load times to measure (comma-separated)")
     args = parser.parse_args()
     if args.worker is not None:
         args.mode = args.worker
@@ -189,7 +187,7 @@ def main() -> None:
             label = f"{kind}, unquantized parts in {rest}"
             print(ratio_line(label, sizes[key] / 2**20, sizes["fp32"] / 2**20, unit="MiB", goal=goal))
         print(f"\nload time from safetensors, median of {args.repeat} alternating runs (fresh process each)")
-        for kind in ("8bit", "nf4"):
+        for kind in args.kinds.split(","):
             timing = ["--kind", kind, "--repeat", "1"]
             ours, hand = [], []
             for _ in range(args.repeat):  # alternate, so a change of machine load hits both sides alike
@@ -197,15 +195,6 @@ def main() -> None:
                 hand.append(run_json(me, script, "--worker", "by_hand", *shape, *timing)["seconds"])
             label = f"load_and_quantize_model ({kind}) vs fp32 load + bnb by hand"
             print(ratio_line(label, statistics.median(ours), statistics.median(hand), goal="<= 1.1"))
-            if args.baseline_src:
-                before = [
-                    run_json(me, script, "--worker", "ours", *shape, *timing, env={"PYTHONPATH": args.baseline_src})[
-                        "seconds"
-                    ]
-                    for _ in range(args.repeat)
-                ]
-                label = f"  same, from {args.baseline_src[:30]}..."
-                print(ratio_line(label, statistics.median(before), statistics.median(hand)))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
