@@ -114,7 +114,8 @@ def worker(args: argparse.Namespace) -> None:
             empty = build_model(*shape)
         model = load_and_quantize_model(empty, _config(args.kind, False), weights_location=args.path)
         if args.kind == "nf4":  # time what was asked for: nf4 really applied, not fp4
-            found = {m.weight.quant_state.quant_type for m in model.modules() if hasattr(m.weight, "quant_state")}
+            weights = [getattr(m, "weight", None) for m in model.modules()]
+            found = {w.quant_state.quant_type for w in weights if getattr(w, "quant_state", None) is not None}
             if found != {"nf4"}:
                 raise RuntimeError(f"load_and_quantize_model gave {found} weights, not nf4")
 
