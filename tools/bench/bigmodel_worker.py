@@ -124,6 +124,67 @@ def load(args: argparse.Namespace) -> dict[str, Any]:
     return {"seconds": statistics.median(times[1:])}
 
 
+def _warm_cache(folder: str) -> None:
+    """Read every file of ``folder`` once, so the timed loads find it in the page cache."""
+    for name in os.listdir(folder):
+        with open(os.path.join(folder, name), "rb") as f:
+            while f.read(1 << 24):
+                pass
+
+
+def warm(args: argparse.Namespace) -> dict[str, Any]:
+    """Warm-cache load to the CPU, plain and library alternating in one process.
+
+    Each round times the call alone and the call plus a first read of every weight, for plain
+    ``safetensors.torch.load_file`` + ``load_state_dict(assign=True)`` and for
+    ``load_checkpoint_and_dispatch(device_map={"": "cpu"})``. Returns the medians and the median of
+    the per-round ratios (the machine's load changes between rounds, less within one).
+    """
+    from safetensors.torch import load_file
+
+    count, width = shape(args.kind, args.scale)
+    module = lib(args.lib)
+    _warm_cache(args.path)
+
+    def plain() -> tuple[float, float]:
+        with torch.device("meta"):
+            model = Wide(count, width)
+        start = time.perf_counter()
+        state: dict[str, torch.Tensor] = {}
+        for name in sorted(os.listdir(args.path)):
+            if name.endswith(".safetensors"):
+                state.update(load_file(os.path.join(args.path, name)))
+        model.load_state_dict(state, assign=True)
+        del state
+        call = time.perf_counter() - start
+        _touch(model)
+        return call, time.perf_counter() - start
+
+    def ours() -> tuple[float, float]:
+        with module.init_empty_weights():
+            model = Wide(count, width)
+        start = time.perf_counter()
+        model = module.load_checkpoint_and_dispatch(model, args.path, device_map={"": "cpu"})
+        call = time.perf_counter() - start
+        _touch(model)
+        return call, time.perf_counter() - start
+
+    plain(), ours()  # warm-up: imports, first maps
+    rounds = []
+    for i in range(args.repeat):
+        pair = (plain(), ours()) if i % 2 == 0 else tuple(reversed((ours(), plain())))
+        rounds.append(pair)
+    med = statistics.median
+    return {
+        "plain_call": med(r[0][0] for r in rounds),
+        "plain_touch": med(r[0][1] for r in rounds),
+        "lib_call": med(r[1][0] for r in rounds),
+        "lib_touch": med(r[1][1] for r in rounds),
+        "ratio_call": med(r[1][0] / r[0][0] for r in rounds),
+        "ratio_touch": med(r[1][1] / r[0][1] for r in rounds),
+    }
+
+
 def devmap(args: argparse.Namespace) -> dict[str, Any]:
     module = lib(args.lib)
     with module.init_empty_weights():
@@ -216,7 +277,7 @@ def forward(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("task", choices=["make", "load", "devmap", "forward"])
+    parser.add_argument("task", choices=["make", "load", "warm", "devmap", "forward"])
     parser.add_argument("--lib", default="accel")
     parser.add_argument("--mode", default="lib")
     parser.add_argument("--kind", default="large")
@@ -229,7 +290,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    result = {"make": make, "load": load, "devmap": devmap, "forward": forward}[args.task](args)
+    result = {"make": make, "load": load, "warm": warm, "devmap": devmap, "forward": forward}[args.task](args)
     sys.stdout.flush()
     print(json.dumps(result))
 

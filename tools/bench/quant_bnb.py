@@ -15,7 +15,9 @@ kept unquantized as by default): 87M parameters, 349 MB in fp32. Prints
 The reference ``accelerate`` needs a GPU for ``load_and_quantize_model`` ("No GPU found"), so it is
 not timed here.
 
-    .venv/bin/python tools/bench/quant_bnb.py [--repeat 5] [--width 768] [--blocks 12]
+    .venv/bin/python tools/bench/quant_bnb.py [--repeat 5] [--width 768] [--blocks 12] [--kinds nf4]
+
+The nf4 timing checks that the loaded weights really are nf4 (a run that got fp4 stops with an error).
 """
 
 from __future__ import annotations
@@ -110,7 +112,12 @@ def worker(args: argparse.Namespace) -> None:
     def ours() -> None:
         with init_empty_weights():
             empty = build_model(*shape)
-        load_and_quantize_model(empty, _config(args.kind, False), weights_location=args.path)
+        model = load_and_quantize_model(empty, _config(args.kind, False), weights_location=args.path)
+        if args.kind == "nf4":  # time what was asked for: nf4 really applied, not fp4
+            weights = [getattr(m, "weight", None) for m in model.modules()]
+            found = {w.quant_state.quant_type for w in weights if getattr(w, "quant_state", None) is not None}
+            if found != {"nf4"}:
+                raise RuntimeError(f"load_and_quantize_model gave {found} weights, not nf4")
 
     def by_hand() -> None:
         import bitsandbytes as bnb
@@ -159,6 +166,7 @@ def main() -> None:
     parser.add_argument("--worker", choices=("make", "memory", "ours", "by_hand"), default=None)
     parser.add_argument("--kind", choices=("8bit", "nf4"), default="8bit")
     parser.add_argument("--path", default=None)
+    parser.add_argument("--kinds", default="8bit,nf4", help="which load times to measure (comma-separated)")
     args = parser.parse_args()
     if args.worker is not None:
         args.mode = args.worker
@@ -180,7 +188,7 @@ def main() -> None:
             label = f"{kind}, unquantized parts in {rest}"
             print(ratio_line(label, sizes[key] / 2**20, sizes["fp32"] / 2**20, unit="MiB", goal=goal))
         print(f"\nload time from safetensors, median of {args.repeat} alternating runs (fresh process each)")
-        for kind in ("8bit", "nf4"):
+        for kind in args.kinds.split(","):
             timing = ["--kind", kind, "--repeat", "1"]
             ours, hand = [], []
             for _ in range(args.repeat):  # alternate, so a change of machine load hits both sides alike

@@ -105,3 +105,31 @@ def test_disk_offload_writes_one_file(tmp_path) -> None:
     disk_offload(model, tmp_path / "off")
     assert torch.allclose(model(x), expected)
     assert sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "off").iterdir()) == ["index.json", "offload"]
+
+
+def test_get_module_size_with_ties_adds_the_tied_modules_as_a_planner_does() -> None:
+    from accel_bigmodel.modeling import get_module_size_with_ties
+    from accel_bigmodel.sizes import compute_module_sizes
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(10, 4)
+            self.body = nn.Linear(4, 4)
+            self.head = nn.Linear(4, 10, bias=True)
+            self.head.weight = self.embed.weight
+
+    model = Tied()
+    sizes = compute_module_sizes(model)
+    queue = list(model.named_children())[1:]  # embed is being placed; body and head wait
+    total, names, modules = get_module_size_with_ties(["head.weight"], sizes["embed"], sizes, queue)
+    assert names == ["head"] and modules == [model.head]
+    # the tied weight is counted once (under embed.weight): embed (40 floats) + head's own bias (10)
+    assert "head.weight" not in sizes
+    assert total == sizes["embed"] + sizes["head"] == (40 + 10) * 4
+    sizes_with_both = {**sizes, "head.weight": 160, "head": 200}  # a planner that counts both names
+    total, _, _ = get_module_size_with_ties(["head.weight"], 160, sizes_with_both, queue)
+    assert total == 160 + 200 - 160
+    assert get_module_size_with_ties([], 123, sizes, queue) == (123, [], [])
+    with pytest.raises(ValueError, match="'nowhere.weight' belongs to none"):
+        get_module_size_with_ties(["nowhere.weight"], 1, sizes, queue)

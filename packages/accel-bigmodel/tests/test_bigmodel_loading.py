@@ -129,7 +129,9 @@ class Payload:
 
 def test_bin_with_arbitrary_objects_is_refused(tmp_path: Path) -> None:
     torch.save({"embed.weight": torch.zeros(32, 16), "payload": Payload()}, tmp_path / "pytorch_model.bin")
-    with pytest.raises(CheckpointError, match="pytorch_model.bin"):
+    from accel_state.errors import UnsafeCheckpointError
+
+    with pytest.raises(UnsafeCheckpointError, match="pytorch_model.bin"):
         load_checkpoint_in_model(empty_net(), tmp_path)
 
 
@@ -164,8 +166,13 @@ def test_disk_offload_reads_safetensors_in_place(tmp_path: Path) -> None:
         "scale": "cpu",
     }
     model = load_checkpoint_and_dispatch(empty_net(), ckpt, device_map=device_map, offload_folder=offload)
-    assert os.listdir(offload) == ["index.json"]  # no copy of any weight
+    # no copy of any weight: the index names links (inside the folder) to the checkpoint's own shards
     index = json.loads((offload / "index.json").read_text())
+    shards = [ckpt / n for n in os.listdir(ckpt) if n.endswith(".safetensors")]
+    for name in set(os.listdir(offload)) - {"index.json"}:
+        assert any(os.path.samefile(offload / name, shard) for shard in shards)
+    named = {entry["safetensors_file"] for entry in index.values()}
+    assert named <= set(os.listdir(offload)) and all(not os.path.isabs(n) for n in named)
     assert index["head.weight"]["safetensors_file"].endswith(".safetensors")
     assert model.hf_device_map == device_map
     ids = torch.randint(0, 32, (2, 5))

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import re
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from accel_bigmodel.sharding import FILE_SIZES_KEY, SAVE_ID_KEY
 from accel_bigmodel.tensor_io import CheckpointError, TensorLocation, read_safetensors_header
 from accel_state.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+from accel_state.errors import UnsafeCheckpointError
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
@@ -28,6 +33,43 @@ class CheckpointFiles:
     shared: dict[str, str] = field(default_factory=dict)  # alias -> saved name (from our index metadata)
 
 
+def _inside(folder_file: str, name: str, entry: str) -> str:
+    """``name`` (an index entry) as a path inside the index's folder; an absolute or ``..`` entry is refused."""
+    parts = name.replace("\\", "/").split("/")
+    if not name or os.path.isabs(name) or name.startswith(("/", "\\")) or ".." in parts:
+        raise UnsafeCheckpointError(
+            folder_file,
+            f"the entry {entry!r} -> {name!r}, a path outside the index's folder",
+            "Index entries must be file names relative to the folder that holds the index.",
+        )
+    return os.path.join(os.path.dirname(folder_file), name)
+
+
+def _check_recorded(path: str, metadata: dict[str, Any], files: list[str]) -> None:
+    """Refuse files that are not the ones the index was written with (sizes and save id it recorded)."""
+    sizes = metadata.get(FILE_SIZES_KEY)
+    save_id = metadata.get(SAVE_ID_KEY)
+    folder = os.path.dirname(path)
+    for file in files:
+        name = os.path.relpath(file, folder)
+        if isinstance(sizes, dict) and name in sizes:
+            actual = os.path.getsize(file)
+            if actual != sizes[name]:
+                raise CheckpointError(
+                    f"Checkpoint file {file!r} has {actual} bytes but the index {path!r} records {sizes[name]}: "
+                    "the folder mixes two saves or the file was changed; save the checkpoint again."
+                )
+        if isinstance(save_id, str) and is_safetensors(file):
+            with open(file, "rb") as f:
+                (length,) = struct.unpack("<Q", f.read(8) or b"\0" * 8)
+                header = f.read(min(length, 1 << 30))
+            if save_id.encode() not in header:
+                raise CheckpointError(
+                    f"Checkpoint file {file!r} was not written by the save that wrote the index {path!r} "
+                    "(its save id differs): the folder mixes two saves; save the checkpoint again."
+                )
+
+
 def _read_index(path: str) -> CheckpointFiles:
     try:
         with open(path, encoding="utf-8") as f:
@@ -37,13 +79,15 @@ def _read_index(path: str) -> CheckpointFiles:
     weight_map = index.get("weight_map", index) if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CheckpointError(f"Index file {path!r} has no 'weight_map' of tensor name -> file name.")
-    folder = os.path.dirname(path)
-    key_to_file = {key: os.path.join(folder, name) for key, name in weight_map.items()}
+    key_to_file = {key: _inside(path, name, key) for key, name in weight_map.items()}
     files = list(dict.fromkeys(key_to_file.values()))
     missing = [f for f in files if not os.path.isfile(f)]
     if missing:
         raise CheckpointError(f"Index file {path!r} lists shard files that do not exist: {missing}.")
-    shared = (index.get("metadata") or {}).get("shared", {}) if "weight_map" in index else {}
+    metadata = (index.get("metadata") or {}) if "weight_map" in index else {}
+    if isinstance(metadata, dict):
+        _check_recorded(path, metadata, files)
+    shared = metadata.get("shared", {}) if isinstance(metadata, dict) else {}
     return CheckpointFiles(files, key_to_file, dict(shared) if isinstance(shared, dict) else {})
 
 
@@ -79,6 +123,25 @@ def is_safetensors(path: str) -> bool:
     return path.endswith(".safetensors")
 
 
+_UNSAFE_HINT = (
+    "Only tensors and plain containers are read from .bin files (torch.load(weights_only=True)); nothing "
+    "was executed. Re-save the weights as safetensors from a trusted copy."
+)
+
+
+def refused_pickle_content(err: BaseException) -> str:
+    """What torch's weights-only unpickler refused, from its message: a global, an opcode, ..."""
+    text = str(err)
+    found = re.search(r"GLOBAL ([\w.]+)", text) or re.search(r"Unsupported global: ([\w.]+)", text)
+    if found:
+        return f"a pickled reference to {found.group(1)!r}, which loading would call"
+    opcode = re.search(r"Unsupported operand (\d+)", text)
+    if opcode:
+        return f"pickle opcode {opcode.group(1)}, which the weights-only unpickler does not read"
+    lines = [line for line in text.splitlines() if line.strip() and "Weights only load failed" not in line]
+    return f"content the weights-only unpickler refuses ({lines[0][:200] if lines else 'unknown'})"
+
+
 def load_bin(path: str) -> dict[str, torch.Tensor]:
     """Tensors of a ``torch.save`` file, without unpickling arbitrary objects (memory-mapped when possible)."""
     try:
@@ -88,7 +151,9 @@ def load_bin(path: str) -> dict[str, torch.Tensor]:
             if "mmap" not in str(err) and "zip" not in str(err):
                 raise
             state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # pickle refuses, zip is truncated, ...
+    except pickle.UnpicklingError as err:  # the restricted unpickler refused something: nothing ran
+        raise UnsafeCheckpointError(path, refused_pickle_content(err), _UNSAFE_HINT) from None
+    except Exception as err:  # zip is truncated, not a torch file, ...
         raise CheckpointError(
             f"Cannot read checkpoint file {path!r} (truncated, corrupt, or holding more than tensors): {err}"
         ) from None

@@ -2,7 +2,8 @@
 
 The checkpoint is first compared with the model (missing and unexpected names, shape mismatches)
 from file headers only, before any weight moves. Weights mapped to "disk" that already sit in a
-safetensors file are indexed in place, never copied; other disk weights go to ``offload_folder``, one
+safetensors file are indexed in place, never copied (through a hard link, else a symbolic link, inside
+the offload folder, so the index names only files in its folder); other disk weights go to ``offload_folder``, one
 safetensors file per ``.bin`` file read.
 """
 
@@ -23,8 +24,10 @@ from accel_bigmodel.offload import offload_state_dict as write_offload_file
 from accel_bigmodel.offload import offload_weight, save_offload_index
 from accel_bigmodel.planning import check_device_map, device_for
 from accel_bigmodel.progress import progress
+from accel_bigmodel.safe_write import link_into
 from accel_bigmodel.sizes import str_to_dtype
 from accel_bigmodel.tensor_io import FileMaps, TensorLocation, dtype_name
+from accel_bigmodel.tensors import rebuild_parameter
 from accel_bigmodel.tied import retie_parameters
 from accel_state.logging import get_logger
 
@@ -174,6 +177,7 @@ def load_checkpoint_in_model(
     skip = check_checkpoint_matches(expected, found, tied_groups, strict, os.fspath(checkpoint))
 
     offload_index: dict[str, Any] = {}
+    linked: dict[str, str] = {}  # checkpoint file -> its name inside the offload folder
     deferred: dict[str, Any] = {}  # cpu weights kept out of RAM until the end (offload_state_dict)
     temp_dir = tempfile.mkdtemp(prefix="accel-offload-") if offload_state_dict else None
     maps = FileMaps()
@@ -202,8 +206,10 @@ def load_checkpoint_in_model(
                         _quantize_and_offload_8bit(current, name, value, str(offload_folder), offload_index)
                         continue
                     if safetensors_file:
+                        if path not in linked:  # the index names a link inside the folder, never a path out
+                            linked[path] = link_into(str(offload_folder), path)
                         offload_index[name] = {
-                            "safetensors_file": os.path.abspath(path),
+                            "safetensors_file": linked[path],
                             "weight_name": name,
                             "dtype": dtype_name(wanted),
                         }
@@ -262,12 +268,10 @@ def _place(modules: dict[str, nn.Module], name: str, value: torch.Tensor, dtype:
         return
     old = owner._parameters[attr]
     requires_grad = bool(old is not None and old.requires_grad and (value.is_floating_point() or value.is_complex()))
-    cls = type(old) if old is not None else nn.Parameter
-    owner._parameters[attr] = (
-        nn.Parameter(value, requires_grad=requires_grad)
-        if cls is nn.Parameter
-        else cls(value, requires_grad=requires_grad)
-    )
+    if old is None or type(old) is nn.Parameter:
+        owner._parameters[attr] = nn.Parameter(value, requires_grad=requires_grad)
+    else:
+        owner._parameters[attr] = rebuild_parameter(old, value, requires_grad)
 
 
 def _is_8bit_bnb_param(param: torch.Tensor) -> bool:

@@ -62,6 +62,7 @@ __all__ = [
     "get_max_memory",
     "get_module_children_bottom_up",
     "get_module_leaves",
+    "get_module_size_with_ties",
     "get_non_persistent_buffers",
     "get_state_dict_from_offload",
     "get_state_dict_offloaded_model",
@@ -91,6 +92,52 @@ def check_device_same(first_device: torch.device, second_device: torch.device) -
         second = second_device.index if second_device.index is not None else torch.cuda.current_device()
         return first == second
     return first_device == second_device
+
+
+def get_module_size_with_ties(
+    tied_params: list[str],
+    module_size: int,
+    module_sizes: dict[str, int],
+    modules_to_treat: list[tuple[str, nn.Module]],
+) -> tuple[int, list[str], list[nn.Module]]:
+    """Size of a module once the modules it is tied to are placed with it.
+
+    A device-map planner that places a module whose parameters are tied to parameters of other
+    modules still waiting in its queue must place those modules on the same device: this adds their
+    sizes, less the tied parameters themselves, which the module already counts (a tied parameter that
+    ``module_sizes`` counts only under its other name has no entry and is taken off nothing).
+
+    Args:
+        tied_params: names of the parameters outside the module that are tied to its own.
+        module_size: size in bytes of the module alone.
+        module_sizes: size in bytes of every module and parameter by name (``compute_module_sizes``).
+        modules_to_treat: the planner's queue of ``(name, module)`` still to place; each tied parameter
+            must belong to one of them.
+
+    Returns:
+        the total size, the names of the tied modules, and the modules, in the order of ``tied_params``.
+
+    Raises:
+        ValueError: a tied parameter belongs to no module of ``modules_to_treat``.
+    """
+    if not tied_params:
+        return module_size, [], []
+    names: list[str] = []
+    modules: list[nn.Module] = []
+    total = module_size
+    for param in tied_params:
+        owner = next(((n, m) for n, m in modules_to_treat if param.startswith(f"{n}.")), None)
+        if owner is None:
+            queued = [n for n, _ in modules_to_treat[:10]]
+            raise ValueError(
+                f"Tied parameter {param!r} belongs to none of the modules still to place ({queued}): pass the "
+                "modules that hold every tied parameter in modules_to_treat."
+            )
+        names.append(owner[0])
+        modules.append(owner[1])
+        # a tied parameter counted once (under its other name) has no entry: nothing to take off
+        total += module_sizes[owner[0]] - module_sizes.get(param, 0)
+    return total, names, modules
 
 
 def get_module_children_bottom_up(model: nn.Module, return_fqns: bool = False) -> list[Any]:

@@ -7,6 +7,7 @@ already in a safetensors checkpoint are never copied: the index points at them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -17,6 +18,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from accel_bigmodel.safe_write import (
+    replace,
+    tmp_name,
+    write_bytes,
+    write_error,
+    write_raw_tensor,
+    write_safetensors,
+)
 from accel_bigmodel.tensor_io import (
     MAP_THRESHOLD,
     CheckpointError,
@@ -27,8 +36,8 @@ from accel_bigmodel.tensor_io import (
     map_tensor,
     read_safetensors_header,
     read_tensor,
-    write_tensor,
 )
+from accel_state.errors import UnsafeCheckpointError
 
 INDEX_NAME = "index.json"
 
@@ -38,14 +47,28 @@ def offload_weight(
 ) -> dict[str, Any]:
     """Write ``weight`` to ``<offload_folder>/<weight_name>.dat`` and record it in ``index`` (returned).
 
+    The file is written under a hidden name and renamed into place, so an interrupted write never
+    leaves a short ``.dat`` file under the real name.
+
     Args:
         weight: The tensor to write.
         weight_name: Its name (the file is `<weight_name>.dat`).
         offload_folder: The folder to write to.
         index: The index to add it to; `None` starts a new one.
+
+    Raises:
+        ValueError: ``weight_name`` would put the file outside ``offload_folder`` (absolute, ``..``).
+        CheckpointWriteError: the OS refused the write (path and reason in the message).
     """
-    os.makedirs(offload_folder, exist_ok=True)
-    write_tensor(os.path.join(offload_folder, f"{weight_name}.dat"), weight)
+    folder = os.fspath(offload_folder)
+    path = dat_path(folder, weight_name, None)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise write_error(folder, err, "offload folder") from None
+    staged = tmp_name(folder, os.path.basename(path))
+    write_raw_tensor(staged, weight)
+    replace(staged, path)
     if index is None:
         index = {}
     index[weight_name] = {"dtype": dtype_name(weight.dtype), "shape": list(weight.shape)}
@@ -61,9 +84,10 @@ def load_offloaded_weight(weight_file: str, weight_info: Mapping[str, Any]) -> t
     """
     location = TensorLocation(weight_file, 0, dtype_from_name(weight_info["dtype"]), tuple(weight_info["shape"]))
     size = os.path.getsize(weight_file)
-    if size < location.nbytes:
+    if size != location.nbytes:
         raise CheckpointError(
-            f"Offloaded weight file {weight_file!r} is truncated: {size} bytes, expected {location.nbytes}."
+            f"Offloaded weight file {weight_file!r} has {size} bytes but its index records {location.nbytes} "
+            f"(dtype {weight_info['dtype']}, shape {list(weight_info['shape'])}): truncated or from another save."
         )
     fd = os.open(weight_file, os.O_RDONLY)
     try:
@@ -81,16 +105,20 @@ def save_offload_index(index: Mapping[str, Any], offload_folder: str | os.PathLi
     """
     if not index:
         return
-    path = os.path.join(offload_folder, INDEX_NAME)
+    folder = os.fspath(offload_folder)
+    path = os.path.join(folder, INDEX_NAME)
     current: dict[str, Any] = {}
     if os.path.isfile(path):
         with open(path, encoding="utf-8") as f:
             current = json.load(f)
     current.update(index)
-    os.makedirs(offload_folder, exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(current, f, indent=2)
-    os.replace(path + ".tmp", path)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise write_error(folder, err, "offload folder") from None
+    staged = tmp_name(folder, INDEX_NAME)
+    write_bytes(staged, json.dumps(current, indent=2).encode(), "offload index")
+    replace(staged, path)
 
 
 def offload_state_dict(save_dir: str | os.PathLike[str], state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
@@ -103,35 +131,94 @@ def offload_state_dict(save_dir: str | os.PathLike[str], state_dict: Mapping[str
         save_dir: The folder to write to.
         state_dict: A state dict (name -> tensor).
     """
-    from safetensors.torch import save_file
-
     from accel_bigmodel.sizes import id_tensor_storage
 
-    os.makedirs(save_dir, exist_ok=True)
+    folder = os.fspath(save_dir)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise write_error(folder, err, "offload folder") from None
     if not state_dict:
         return {}
-    # an absolute path, as other readers of offload indexes expect
-    path = os.path.abspath(os.path.join(save_dir, f"offload-{uuid.uuid4().hex[:12]}.safetensors"))
+    # a name inside the folder: the index must not point out of it
+    name = f"offload-{uuid.uuid4().hex[:12]}.safetensors"
+    path = os.path.join(folder, name)
     to_save: dict[str, torch.Tensor] = {}
     saved_as: dict[Any, str] = {}
     index: dict[str, Any] = {}
-    for name, tensor in state_dict.items():
+    for tensor_name, tensor in state_dict.items():
         key = id_tensor_storage(tensor) + (tensor.storage_offset(), tuple(tensor.shape), tensor.dtype)
         if key not in saved_as:
-            saved_as[key] = name
-            to_save[name] = tensor.detach().to("cpu").contiguous()
-        index[name] = {"safetensors_file": path, "weight_name": saved_as[key], "dtype": dtype_name(tensor.dtype)}
-    save_file(to_save, path, metadata={"format": "pt"})
-    save_offload_index(index, save_dir)
+            saved_as[key] = tensor_name
+            to_save[tensor_name] = tensor.detach().to("cpu").contiguous()
+        index[tensor_name] = {"safetensors_file": name, "weight_name": saved_as[key], "dtype": dtype_name(tensor.dtype)}
+    staged = tmp_name(folder, name)
+    write_safetensors(staged, to_save, {"format": "pt"})
+    replace(staged, path)  # a new name: an earlier index never points at a half-written file
+    try:
+        save_offload_index(index, folder)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        raise
     return index
 
 
 def load_offload_index(offload_folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """The index of an offload folder (empty when there is none), every entry checked to stay in the folder.
+
+    An entry's ``safetensors_file`` must be a relative path without ``..`` (resolved in the folder, or
+    in the working directory as the documented system's writer means a relative checkpoint path).
+
+    Raises:
+        UnsafeCheckpointError: an entry names a file outside the folder (absolute path or ``..``).
+        CheckpointError: the index is not a JSON object of entries.
+    """
     path = os.path.join(offload_folder, INDEX_NAME)
     if not os.path.isfile(path):
         return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            index = json.load(f)
+    except ValueError as err:
+        raise CheckpointError(f"Offload index {path!r} is not valid JSON: {err}.") from None
+    if not isinstance(index, dict) or not all(isinstance(v, dict) for v in index.values()):
+        raise CheckpointError(f"Offload index {path!r} is not a JSON object of weight name -> entry.")
+    for key, info in index.items():
+        if "safetensors_file" in info:
+            _inside(path, str(info["safetensors_file"]), key)
+        else:
+            dat_path(os.fspath(offload_folder), key, path)
+    return index
+
+
+def _inside(index_path: str, name: str, entry: str) -> str:
+    """``name`` resolved inside the index's folder; an absolute or ``..`` name is refused."""
+    parts = name.replace("\\", "/").split("/")
+    if not name or os.path.isabs(name) or name.startswith(("/", "\\")) or ".." in parts:
+        raise UnsafeCheckpointError(
+            index_path,
+            f"the entry {entry!r} -> {name!r}, a path outside the offload folder",
+            "Offload index entries must name files inside the folder that holds the index.",
+        )
+    return os.path.join(os.path.dirname(index_path), name)
+
+
+def dat_path(folder: str, weight_name: str, index_path: str | None) -> str:
+    """``<folder>/<weight_name>.dat``, refusing a weight name that would leave ``folder``."""
+    parts = weight_name.replace("\\", "/").split("/")
+    if not weight_name or os.path.isabs(weight_name) or weight_name.startswith(("/", "\\")) or ".." in parts:
+        if index_path is not None:
+            raise UnsafeCheckpointError(
+                index_path,
+                f"the weight name {weight_name!r}, whose file would be outside the offload folder",
+                "Offloaded weight names must be plain names (no absolute path, no '..').",
+            )
+        raise ValueError(
+            f"Cannot offload a weight named {weight_name!r}: its file would be outside the offload folder "
+            f"{folder!r}; use a plain name (no absolute path, no '..')."
+        )
+    return os.path.join(folder, f"{weight_name}.dat")
 
 
 class PrefixedDataset(Mapping[str, Any]):
@@ -212,10 +299,14 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
         self.state_dict = dict(state_dict or {})
         self.save_folder = os.fspath(save_folder) if save_folder is not None else None
         self.index: dict[str, Any] = {}
+        self._from_file: set[str] = set()  # entries read from index.json: their paths must stay in the folder
         if self.save_folder is not None:
-            self.index.update(load_offload_index(self.save_folder))
+            on_disk = load_offload_index(self.save_folder)
+            self.index.update(on_disk)
+            self._from_file.update(on_disk)
         if index is not None:
             self.index.update(index)
+            self._from_file.difference_update(index)
         self.all_keys = list(self.state_dict) + [k for k in self.index if k not in self.state_dict]
         self.device = device
         self._handles = FileHandles()
@@ -232,7 +323,10 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
             return None
         info = self.index[key]
         if "safetensors_file" in info:
-            path = self._safetensors_path(info["safetensors_file"])
+            name = info["safetensors_file"]
+            inside = os.path.join(str(self.save_folder), name) if key in self._from_file else None
+            # entries of index.json were checked on read (relative, no '..'): inside the folder first
+            path = inside if inside is not None and os.path.exists(inside) else self._safetensors_path(name)
             with self._lock:
                 header = self._headers.get(path)
                 if header is None:
@@ -243,12 +337,20 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
         if self.save_folder is None:
             raise KeyError(f"Weight {key!r} is on disk but no save_folder was given to find {key}.dat.")
         dtype = dtype_from_name(info["dtype"])
-        path = os.path.join(self.save_folder, f"{key}.dat")
-        return TensorLocation(path, 0, dtype, tuple(info["shape"])), dtype
+        path = dat_path(self.save_folder, key, os.path.join(self.save_folder, INDEX_NAME))
+        location = TensorLocation(path, 0, dtype, tuple(info["shape"]))
+        size = os.path.getsize(path)
+        if size != location.nbytes:
+            raise CheckpointError(
+                f"Offloaded weight file {path!r} has {size} bytes but its index records {location.nbytes} "
+                f"(dtype {info['dtype']}, shape {list(info['shape'])}): truncated or from another save."
+            )
+        return location, dtype
 
     def _safetensors_path(self, path: str) -> str:
-        """Where an index's ``safetensors_file`` is: as written (absolute, or relative to the working
-        directory, as other writers of offload indexes mean it), else inside the offload folder."""
+        """Where an in-memory index's ``safetensors_file`` is: as written (absolute, or relative to the
+        working directory, as other writers of offload indexes mean it), else inside the offload folder.
+        Entries read from the folder's ``index.json`` are resolved inside the folder only."""
         if os.path.isabs(path) or os.path.exists(path) or self.save_folder is None:
             return path
         inside = os.path.join(self.save_folder, path)

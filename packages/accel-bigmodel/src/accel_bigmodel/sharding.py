@@ -1,8 +1,9 @@
 """Sharded saving of a state dict: split by ``max_shard_size`` (pure), then write shards and the index.
 
 The split is pure logic over tensor sizes; :func:`save_sharded` is the only part that touches disk.
-Shards are written to a temporary name and renamed into place, and shard files left by an earlier
-save into the same folder that the new save does not use are removed, so a folder never mixes two saves.
+Shards are written under hidden names and brought into place behind the index, which is the commit
+point; shard files of an earlier save that the new index does not name are removed after it, so a
+folder never mixes two saves, even when the writer is killed.
 """
 
 from __future__ import annotations
@@ -10,16 +11,32 @@ from __future__ import annotations
 import json
 import os
 import re
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from accel_bigmodel.safe_write import (
+    link_over,
+    remove_leftovers,
+    replace,
+    tmp_name,
+    write_bytes,
+    write_error,
+    write_safetensors,
+    write_torch,
+)
 from accel_bigmodel.sizes import id_tensor_storage, parse_size
 from accel_state.constants import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
 from accel_state.logging import get_logger
 
 logger = get_logger(__name__)
+
+# keys of the index metadata (beside the documented "total_size"); readers of the documented layout
+# ignore them, ours check them
+SAVE_ID_KEY = "accel_save_id"
+FILE_SIZES_KEY = "accel_file_sizes"
 
 __all__ = ["ShardPlan", "parse_size", "split_state_dict_into_shards", "save_sharded", "find_shared_tensors"]
 
@@ -128,18 +145,33 @@ def save_sharded(
     With ``safe_serialization`` names sharing memory are saved once (safetensors refuses aliases): the
     first name keeps the data and the others are listed in the index metadata under ``"shared"``.
 
+    The write is atomic for a reader: killed at any moment, the folder loads as the previous save or
+    as this one, never a mix. Shards are written under hidden names first; the index is the commit
+    point (when new shards would replace old ones of the same name, an intermediate index naming the
+    hidden files is committed first, then the shards are linked into place); shards the new index no
+    longer names are removed only after it is in place. The index records each file's size and a save
+    id (also in each safetensors shard's metadata), so a reader refuses a folder whose files are not
+    the ones the index was written with.
+
     Args:
         state_dict: A state dict (name -> tensor).
         save_directory: The folder to write to (created).
         max_shard_size: Largest size of one shard, in bytes or text such as `"5GB"`.
         safe_serialization: Write safetensors (else `torch.save` files).
         weights_name: File name of the unsharded file; `None` picks the default of the format.
-    """
-    from safetensors.torch import save_file
 
-    if os.path.isfile(save_directory):
-        raise ValueError(f"save_directory {os.fspath(save_directory)!r} is a file; pass a folder.")
-    os.makedirs(save_directory, exist_ok=True)
+    Raises:
+        CheckpointWriteError: a file could not be written (disk full, permission denied, ...): the
+            message names the path and the OS reason; partial files are removed and the previous save
+            is intact.
+    """
+    folder = os.fspath(save_directory)
+    if os.path.isfile(folder):
+        raise ValueError(f"save_directory {folder!r} is a file; pass a folder.")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise write_error(folder, err, "checkpoint folder") from None
     weights_name = weights_name or (SAFE_WEIGHTS_NAME if safe_serialization else WEIGHTS_NAME)
     shared: dict[str, str] = {}
     if safe_serialization:
@@ -151,36 +183,90 @@ def save_sharded(
         if shared:
             logger.info(f"Saving tensors that share memory once: {shared} (alias -> saved name).")
     plan = split_state_dict_into_shards(state_dict, max_shard_size, _pattern_for(weights_name))
-
-    stale = _stale_shard_regex(weights_name)
     index_name = f"{weights_name}.index.json"
-    for existing in os.listdir(save_directory):
-        if stale.match(existing) and existing not in plan.filename_to_tensors:
-            os.remove(os.path.join(save_directory, existing))
-    if not plan.is_sharded and os.path.isfile(os.path.join(save_directory, index_name)):
-        os.remove(os.path.join(save_directory, index_name))
+    index_path = os.path.join(folder, index_name)
+    remove_leftovers(folder, keep=_named_by_index(index_path))
 
-    written = []
-    for filename, names in plan.filename_to_tensors.items():
-        shard = {name: state_dict[name] for name in names}
-        path = os.path.join(save_directory, filename)
-        tmp = path + ".tmp"
-        if safe_serialization:
-            shard = {k: v.detach().contiguous() for k, v in shard.items()}
-            save_file(shard, tmp, metadata={"format": "pt"})
-        else:
-            torch.save(shard, tmp)
-        os.replace(tmp, path)
-        written.append(path)
-    if plan.is_sharded:
+    token = uuid.uuid4().hex
+    hidden: dict[str, str] = {}
+    sizes: dict[str, int] = {}
+    try:
+        for filename, names in plan.filename_to_tensors.items():
+            shard = {name: state_dict[name] for name in names}
+            hidden[filename] = tmp_name(folder, filename, token[:12])
+            if safe_serialization:
+                sizes[filename] = write_safetensors(hidden[filename], shard, {"format": "pt", SAVE_ID_KEY: token})
+            else:
+                sizes[filename] = write_torch(hidden[filename], shard)
+    except BaseException:
+        for path in hidden.values():
+            _remove(path)
+        raise
+
+    final = {filename: os.path.join(folder, filename) for filename in plan.filename_to_tensors}
+    if not plan.is_sharded:
+        (filename,) = final
+        replace(hidden[filename], final[filename])  # the commit (an old index, if any, still wins until removed)
+        _remove(index_path)
+    else:
         metadata: dict[str, Any] = dict(plan.metadata)
         if shared:
             metadata["shared"] = shared
-        index = {"metadata": metadata, "weight_map": dict(sorted(plan.tensor_to_filename.items()))}
-        path = os.path.join(save_directory, index_name)
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(index, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(path + ".tmp", path)
-        written.append(path)
+        metadata[SAVE_ID_KEY] = token
+
+        def write_index(names: dict[str, str]) -> None:
+            metadata[FILE_SIZES_KEY] = {names[f]: size for f, size in sorted(sizes.items())}
+            index = {
+                "metadata": metadata,
+                "weight_map": {k: names[f] for k, f in sorted(plan.tensor_to_filename.items())},
+            }
+            text = json.dumps(index, indent=2, sort_keys=True) + "\n"
+            staged = tmp_name(folder, index_name)
+            write_bytes(staged, text.encode(), "checkpoint index")
+            replace(staged, index_path)
+
+        collide = [f for f in final if os.path.lexists(final[f])]
+        try:
+            if collide:  # commit the new save under its hidden names, then bring the shards into place
+                write_index({f: os.path.basename(p) for f, p in hidden.items()})
+                for filename in final:
+                    link_over(hidden[filename], final[filename])
+            else:
+                for filename in final:
+                    replace(hidden[filename], final[filename])
+            write_index({f: f for f in final})  # the commit
+        except BaseException:
+            if not collide:
+                for filename in final:
+                    _remove(hidden[filename])
+                    _remove(final[filename])
+            raise
+        for path in hidden.values():
+            _remove(path)
+
+    stale = _stale_shard_regex(weights_name)
+    for existing in os.listdir(folder):
+        if stale.match(existing) and existing not in plan.filename_to_tensors:
+            _remove(os.path.join(folder, existing))
+    remove_leftovers(folder, keep=set())  # hidden files of interrupted saves: no index names them now
+    written = list(final.values())
+    if plan.is_sharded:
+        written.append(index_path)
     return written
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def _named_by_index(index_path: str) -> set[str]:
+    """File names the index at ``index_path`` refers to (empty when there is none or it is unreadable)."""
+    try:
+        with open(index_path, encoding="utf-8") as f:
+            weight_map = json.load(f).get("weight_map", {})
+        return {v for v in weight_map.values() if isinstance(v, str)}
+    except (OSError, ValueError, AttributeError):
+        return set()

@@ -110,12 +110,36 @@ def _assign(owner: nn.Module, name: str, is_buffer: bool, old: torch.Tensor | No
     if isinstance(new_value, nn.Parameter) and (old is None or type(new_value) is type(old)):
         owner._parameters[name] = new_value
         return
-    cls = type(old) if isinstance(old, nn.Parameter) else nn.Parameter
     requires_grad = old.requires_grad if old is not None else False
     if requires_grad and not (new_value.is_floating_point() or new_value.is_complex()):
         requires_grad = False
     data = new_value.data if isinstance(new_value, nn.Parameter) else new_value
+    owner._parameters[name] = rebuild_parameter(old, data, requires_grad)
+
+
+def rebuild_parameter(old: torch.Tensor | None, data: torch.Tensor, requires_grad: bool) -> nn.Parameter:
+    """``data`` as a parameter of ``old``'s class, keeping that class's settings.
+
+    A parameter subclass such as bitsandbytes' ``Params4bit`` carries its quantization settings (quant
+    type, double quantization, block size, storage dtype) as attributes; rebuilding it from the data
+    alone would silently fall back to the class defaults (fp4 instead of nf4, for one).
+
+    Args:
+        old: the parameter being replaced (None or a plain tensor gives an ``nn.Parameter``).
+        data: the new values.
+        requires_grad: whether the new parameter requires gradients.
+
+    Returns:
+        the new parameter.
+    """
+    cls = type(old) if isinstance(old, nn.Parameter) else nn.Parameter
+    if cls is nn.Parameter:
+        return nn.Parameter(data, requires_grad=requires_grad)
+    settings = {k: v for k, v in vars(old).items() if not k.startswith("_") and k != "data"}
     try:
-        owner._parameters[name] = cls(data, requires_grad=requires_grad)
+        return cls(data, requires_grad=requires_grad, **settings)
     except TypeError:
-        owner._parameters[name] = nn.Parameter(data, requires_grad=requires_grad)
+        try:
+            return cls(data, requires_grad=requires_grad)
+        except TypeError:
+            return nn.Parameter(data, requires_grad=requires_grad)

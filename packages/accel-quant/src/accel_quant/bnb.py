@@ -133,6 +133,7 @@ def _new_layer(bnb: Any, linear: nn.Linear, config: BnbQuantizationConfig) -> nn
             config.bnb_4bit_compute_dtype,
             compress_statistics=config.bnb_4bit_use_double_quant,
             quant_type=config.bnb_4bit_quant_type,
+            quant_storage=config.bnb_4bit_quant_storage,
         )
 
 
@@ -452,6 +453,7 @@ def load_and_quantize_model(
         bnb_4bit_quant_type=config.bnb_4bit_quant_type,
         bnb_4bit_use_double_quant=config.bnb_4bit_use_double_quant,
         bnb_4bit_compute_dtype=config.bnb_4bit_compute_dtype,
+        bnb_4bit_quant_storage=config.bnb_4bit_quant_storage,
         torch_dtype=config.torch_dtype,
         skip_modules=skip,
         keep_in_fp32_modules=fp32_modules,

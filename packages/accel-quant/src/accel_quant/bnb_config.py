@@ -24,6 +24,16 @@ _FOUR_BIT_DEFAULTS: dict[str, Any] = {
     "bnb_4bit_quant_type": "fp4",
     "bnb_4bit_use_double_quant": False,
     "bnb_4bit_compute_dtype": "fp16",
+    "bnb_4bit_quant_storage": torch.uint8,
+}
+# dtypes bitsandbytes can pack 4-bit values into (uint8 is its default; others let FSDP shard the
+# packed weights together with the unquantized ones)
+_STORAGE_DTYPES = {
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
 }
 _EIGHT_BIT_DEFAULTS: dict[str, Any] = {"llm_int8_threshold": 6.0}
 
@@ -38,6 +48,15 @@ def _dtype(value: Any, what: str) -> torch.dtype:
     raise ValueError(
         f"{what} must be a torch dtype (float32, float16, bfloat16) or one of {sorted(_COMPUTE_DTYPES)}, got {value!r}."
     )
+
+
+def _storage_dtype(value: Any) -> torch.dtype:
+    name = str(value).replace("torch.", "") if isinstance(value, torch.dtype | str) else None
+    if name not in _STORAGE_DTYPES:
+        raise ValueError(
+            f"bnb_4bit_quant_storage must be one of torch.{', torch.'.join(_STORAGE_DTYPES)} (or its name), got {value!r}."
+        )
+    return _STORAGE_DTYPES[name]
 
 
 def _names(value: Any, what: str) -> list[str] | None:
@@ -61,6 +80,9 @@ class BnbQuantizationConfig:
         bnb_4bit_use_double_quant: also quantize the quantization constants (4-bit only).
         bnb_4bit_compute_dtype: dtype of the 4-bit matmul: a torch dtype or ``"fp32"``, ``"fp16"``,
             ``"bf16"`` (4-bit only).
+        bnb_4bit_quant_storage: dtype the packed 4-bit values are stored in: ``torch.uint8`` (default)
+            or ``int8``, ``float16``, ``bfloat16``, ``float32`` (4-bit only; an accel extension with
+            the name transformers uses, so that FSDP can shard packed and unquantized weights together).
         torch_dtype: dtype of the layers that stay unquantized (None keeps the checkpoint's / model's).
         skip_modules: names of modules not to quantize; None picks the output head and any module tied
             to the input embedding (see ``get_keys_to_not_convert``).
@@ -73,6 +95,7 @@ class BnbQuantizationConfig:
     bnb_4bit_quant_type: str = "fp4"
     bnb_4bit_use_double_quant: bool = False
     bnb_4bit_compute_dtype: Any = "fp16"
+    bnb_4bit_quant_storage: Any = torch.uint8
     torch_dtype: torch.dtype | None = None
     skip_modules: list[str] | None = None
     keep_in_fp32_modules: list[str] | None = None
@@ -92,6 +115,7 @@ class BnbQuantizationConfig:
         if not isinstance(self.bnb_4bit_quant_type, str) or self.bnb_4bit_quant_type not in _QUANT_TYPES:
             raise ValueError(f"bnb_4bit_quant_type must be 'fp4' or 'nf4', got {self.bnb_4bit_quant_type!r}.")
         compute_dtype = _dtype(self.bnb_4bit_compute_dtype, "bnb_4bit_compute_dtype")
+        self.bnb_4bit_quant_storage = _storage_dtype(self.bnb_4bit_quant_storage)
         if self.load_in_8bit:
             wrong = [
                 name for name, default in _FOUR_BIT_DEFAULTS.items() if not _same(name, getattr(self, name), default)

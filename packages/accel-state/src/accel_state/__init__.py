@@ -28,6 +28,7 @@ _export(
     "SageMakerDistributedType",
 )
 _export("kwargs", "KwargsHandler", "InitProcessGroupKwargs")
+_export("errors", "UnsafeCheckpointError")
 _export(
     "operations",
     "gather",

@@ -1,0 +1,344 @@
+"""Checkpoint safety of accel-bigmodel with real files and real processes.
+
+* Nothing runs on load: a crafted pickle whose ``__reduce__`` would write a marker file is refused
+  with ``UnsafeCheckpointError`` naming the file and what was found; the marker never appears and the
+  model keeps its values.
+* Sharded saves are atomic: a forked process saving over an earlier save is SIGKILLed at every write,
+  rename, link and removal in turn; the folder then loads as exactly the old or the new state.
+* A reader refuses an index naming missing files, files of another size or of another save, and
+  entries (sharded or offload index) that point outside their folder.
+* A full disk (``RLIMIT_FSIZE``) or a read-only folder gives an error naming the path and the OS
+  reason, leaves no partial file, and the previous save still loads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from accel_bigmodel import OffloadedWeightsLoader, load_checkpoint_in_model
+from accel_bigmodel.offload import offload_state_dict, offload_weight
+from accel_bigmodel.safe_write import TMP_PREFIX, CheckpointWriteError
+from accel_bigmodel.sharding import save_sharded
+from accel_bigmodel.tensor_io import CheckpointError
+from accel_state.errors import UnsafeCheckpointError
+
+
+class _Payload:
+    """Unpickling this runs ``os.system`` (a real exploit shape); accel must never do it."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def _values(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _same(model: nn.Module, state: dict[str, torch.Tensor]) -> bool:
+    now = model.state_dict()
+    return set(now) == set(state) and all(torch.equal(now[k], state[k]) for k in state)
+
+
+# -- nothing runs on load --------------------------------------------------------------------------
+@pytest.mark.parametrize("zipped", [True, False], ids=["torch.save", "raw-pickle"])
+def test_crafted_bin_is_refused_and_runs_nothing(tmp_path: Path, zipped: bool) -> None:
+    marker = tmp_path / "marker"
+    payload = {**_net(1).state_dict(), "extra": _Payload(str(marker))}
+    path = tmp_path / "ckpt" / "pytorch_model.bin"
+    path.parent.mkdir()
+    if zipped:
+        torch.save(payload, path)
+    else:
+        with open(path, "wb") as f:
+            pickle.dump(payload, f, protocol=2)
+    model = _net(0)
+    before = _values(model)
+    with pytest.raises(UnsafeCheckpointError) as info:
+        load_checkpoint_in_model(model, path.parent)
+    assert info.value.path == str(path) and "pytorch_model.bin" in str(info.value)
+    if zipped:
+        assert "posix.system" in info.value.found
+    assert not marker.exists()
+    assert _same(model, before)
+
+
+def test_crafted_shard_of_a_sharded_bin_checkpoint_leaves_the_model_unchanged(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    folder = tmp_path / "ckpt"
+    save_sharded(_net(1).state_dict(), folder, max_shard_size=3000, safe_serialization=False)
+    shards = sorted(folder.glob("pytorch_model-*.bin"))
+    assert len(shards) > 1
+    last = torch.load(shards[-1], weights_only=True)
+    torch.save({**last, "extra": _Payload(str(marker))}, shards[-1])
+    index_path = folder / "pytorch_model.bin.index.json"
+    index = json.loads(index_path.read_text())
+    del index["metadata"]["accel_file_sizes"]  # a crafted folder, as another tool would write it
+    index_path.write_text(json.dumps(index))
+    model = _net(0)
+    before = _values(model)
+    with pytest.raises(UnsafeCheckpointError, match=shards[-1].name):
+        load_checkpoint_in_model(model, folder)
+    assert not marker.exists() and _same(model, before)
+
+
+# -- index entries stay in their folder --------------------------------------------------------------
+@pytest.mark.parametrize("bad", ["/etc/passwd", "../outside.safetensors", "sub/../../outside.safetensors"])
+def test_sharded_index_entry_outside_its_folder_is_refused(tmp_path: Path, bad: str) -> None:
+    folder = tmp_path / "ckpt"
+    save_sharded(_net(1).state_dict(), folder, max_shard_size=3000)
+    shutil.copy(next(folder.glob("model-*.safetensors")), tmp_path / "outside.safetensors")
+    index_path = folder / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    first = sorted(index["weight_map"])[0]
+    index["weight_map"][first] = bad
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(UnsafeCheckpointError, match="outside the index's folder") as info:
+        load_checkpoint_in_model(_net(0), folder)
+    assert info.value.path == str(index_path) and bad in info.value.found
+
+
+@pytest.mark.parametrize("bad", ["absolute", "dotdot"])
+def test_offload_index_entry_outside_its_folder_is_refused(tmp_path: Path, bad: str) -> None:
+    from safetensors.torch import save_file
+
+    outside = tmp_path / "outside.safetensors"
+    save_file({"w": torch.ones(3)}, str(outside))
+    folder = tmp_path / "offload"
+    folder.mkdir()
+    name = str(outside) if bad == "absolute" else "../outside.safetensors"
+    (folder / "index.json").write_text(json.dumps({"w": {"safetensors_file": name, "weight_name": "w"}}))
+    with pytest.raises(UnsafeCheckpointError, match="outside the offload folder"):
+        OffloadedWeightsLoader(save_folder=folder)
+
+
+def test_offload_dat_name_outside_its_folder_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "offload"
+    folder.mkdir()
+    (tmp_path / "secret.dat").write_bytes(b"\0" * 12)
+    (folder / "index.json").write_text(json.dumps({"../secret": {"dtype": "float32", "shape": [3]}}))
+    with pytest.raises(UnsafeCheckpointError, match="outside the offload folder"):
+        OffloadedWeightsLoader(save_folder=folder)
+    with pytest.raises(ValueError, match="outside the offload folder"):
+        offload_weight(torch.ones(3), "../escape", folder)
+    assert not (tmp_path / "escape.dat").exists()
+
+
+def test_offloaded_dat_of_another_size_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "offload"
+    index = offload_weight(torch.ones(4), "w", folder)
+    with open(folder / "index.json", "w") as f:
+        json.dump(index, f)
+    (folder / "w.dat").write_bytes(b"\0" * 8)
+    with pytest.raises(CheckpointError, match="records 16"):
+        OffloadedWeightsLoader(save_folder=folder)["w"]
+
+
+# -- the reader checks what the index records ------------------------------------------------------------
+def test_shard_of_another_size_or_another_save_is_refused(tmp_path: Path) -> None:
+    folder, other = tmp_path / "ckpt", tmp_path / "other"
+    save_sharded(_net(1).state_dict(), folder, max_shard_size=3000)
+    save_sharded(_net(2).state_dict(), other, max_shard_size=3000)
+    shard = sorted(folder.glob("model-*.safetensors"))[0]
+    shutil.copy(other / shard.name, shard)  # same names and shapes, another save
+    with pytest.raises(CheckpointError, match="mixes two saves"):
+        load_checkpoint_in_model(_net(0), folder)
+    with open(shard, "ab") as f:
+        f.write(b"\0" * 8)
+    with pytest.raises(CheckpointError, match="records"):
+        load_checkpoint_in_model(_net(0), folder)
+    shard.unlink()
+    with pytest.raises(CheckpointError, match="do not exist"):
+        load_checkpoint_in_model(_net(0), folder)
+
+
+# -- atomic sharded save under SIGKILL ------------------------------------------------------------------
+def _save_and_die_at(folder: Path, seed: int, shard: int, kill_at: int, fmt: str) -> int:
+    """Fork a real process that saves over ``folder`` and SIGKILLs itself at its ``kill_at``-th file event.
+
+    Events: half of each file's bytes written, each rename, link and removal. Returns the child's
+    wait status (killed by SIGKILL, or exit 0 when the save finished before event ``kill_at``).
+    """
+    import accel_bigmodel.safe_write as sw
+
+    pid = os.fork()
+    if pid:
+        _, status = os.waitpid(pid, 0)
+        return status
+    try:  # the child: count file events, die at the chosen one
+        events = [0]
+
+        def tick() -> None:
+            events[0] += 1
+            if events[0] == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        def wrap(fn):  # type: ignore[no-untyped-def]
+            def inner(*args, **kwargs):  # type: ignore[no-untyped-def]
+                tick()
+                return fn(*args, **kwargs)
+
+            return inner
+
+        real_write_all = sw._write_all
+
+        def write_all(f, data) -> None:  # type: ignore[no-untyped-def]
+            view = memoryview(data).cast("B")
+            real_write_all(f, view[: view.nbytes // 2])
+            f.flush()
+            tick()
+            real_write_all(f, view[view.nbytes // 2 :])
+
+        sw._write_all = write_all  # type: ignore[assignment]
+        os.replace, os.link, os.remove = wrap(os.replace), wrap(os.link), wrap(os.remove)  # type: ignore[assignment]
+        save_sharded(_net(seed).state_dict(), folder, max_shard_size=shard, safe_serialization=fmt == "safetensors")
+        os._exit(0)
+    except BaseException:
+        os._exit(1)
+
+
+def _load(folder: Path) -> dict[str, torch.Tensor]:
+    model = _net(99)
+    load_checkpoint_in_model(model, folder, strict=True)
+    return _values(model)
+
+
+@pytest.mark.parametrize(
+    "old_shard,new_shard,fmt",
+    [
+        (3000, 3000, "safetensors"),  # same shard names: the intermediate-index path
+        (3000, 2000, "safetensors"),  # more shards: old ones become stale
+        (3000, 10**9, "safetensors"),  # sharded -> one file
+        (10**9, 3000, "safetensors"),  # one file -> sharded
+        (3000, 3000, "bin"),
+    ],
+)
+def test_sigkill_at_every_step_leaves_the_old_or_the_new_save(
+    tmp_path: Path, old_shard: int, new_shard: int, fmt: str
+) -> None:
+    new_state = _values(_net(2))
+    old_state = _values(_net(1))
+    kill_at, outcomes = 1, {"old": 0, "new": 0}
+    while True:
+        folder = tmp_path / f"ckpt-{kill_at}"
+        save_sharded(_net(1).state_dict(), folder, max_shard_size=old_shard, safe_serialization=fmt == "safetensors")
+        status = _save_and_die_at(folder, 2, new_shard, kill_at, fmt)
+        loaded = _load(folder)
+        same_as = [name for name, st in (("old", old_state), ("new", new_state)) if _equal(loaded, st)]
+        assert same_as, f"killed at event {kill_at}: the folder loads as a mix of two saves"
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+            assert same_as == ["new"]
+            assert not [n for n in os.listdir(folder) if n.startswith(TMP_PREFIX)]
+            break
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+        outcomes[same_as[0]] += 1
+        # the next save over the interrupted folder completes and cleans up
+        save_sharded(_net(3).state_dict(), folder, max_shard_size=new_shard, safe_serialization=fmt == "safetensors")
+        assert _equal(_load(folder), _values(_net(3)))
+        assert not [n for n in os.listdir(folder) if n.startswith(TMP_PREFIX)]
+        kill_at += 1
+        shutil.rmtree(folder)
+    # killed at 10+ points, before the commit (old state) and after it (new state)
+    assert kill_at > 10 and outcomes["old"] > 0 and outcomes["new"] > 0
+
+
+def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# -- disk full and permission denied ------------------------------------------------------------------
+_FILL = r"""
+import resource, signal, sys
+import torch
+from torch import nn
+from accel_bigmodel.offload import offload_state_dict
+from accel_bigmodel.sharding import save_sharded
+
+folder, what = sys.argv[1], sys.argv[2]
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead of killing
+torch.manual_seed(2)
+net = nn.Sequential(nn.Linear(64, 256), nn.Linear(256, 256), nn.Linear(256, 8))
+resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+try:
+    if what == "sharded":
+        save_sharded(net.state_dict(), folder, max_shard_size=200_000)
+    else:
+        offload_state_dict(folder, net.state_dict())
+except OSError as err:
+    print(type(err).__name__, err)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("what", ["sharded", "offload"])
+def test_disk_full_names_the_path_and_keeps_the_previous_save(tmp_path: Path, what: str) -> None:
+    folder = tmp_path / "out"
+    if what == "sharded":
+        save_sharded(_net(1).state_dict(), folder, max_shard_size=3000)
+    else:
+        offload_state_dict(folder, _net(1).state_dict())
+    before = sorted(os.listdir(folder))
+    script = tmp_path / "fill.py"
+    script.write_text(_FILL)
+    run = subprocess.run([sys.executable, str(script), str(folder), what], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 3, run.stderr[-2000:]
+    assert "CheckpointWriteError" in run.stdout and "File too large" in run.stdout and str(folder) in run.stdout
+    assert sorted(os.listdir(folder)) == before  # nothing partial left
+    if what == "sharded":
+        assert _equal(_load(folder), _values(_net(1)))
+    else:
+        loader = OffloadedWeightsLoader(save_folder=folder)
+        assert all(torch.equal(loader[k], v) for k, v in _values(_net(1)).items())
+
+
+def _read_only(folder: Path) -> bool:
+    """Make ``folder`` unwritable, also for root (immutable attribute); False when that is not possible."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        return True
+    return (
+        subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0
+        if shutil.which("chattr")
+        else False
+    )
+
+
+def _writable(folder: Path) -> None:
+    if os.geteuid() != 0:
+        folder.chmod(0o755)
+    else:
+        subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
+
+
+def test_read_only_folder_names_the_path_and_keeps_the_previous_save(tmp_path: Path) -> None:
+    folder = tmp_path / "out"
+    save_sharded(_net(1).state_dict(), folder, max_shard_size=3000)
+    before = sorted(os.listdir(folder))
+    if not _read_only(folder):
+        pytest.skip("cannot make a folder read-only here (root without chattr)")
+    try:
+        with pytest.raises(CheckpointWriteError) as info:
+            save_sharded(_net(2).state_dict(), folder, max_shard_size=3000)
+        assert str(folder) in str(info.value) and info.value.strerror in str(info.value)
+        assert sorted(os.listdir(folder)) == before
+        assert _equal(_load(folder), _values(_net(1)))
+    finally:
+        _writable(folder)
