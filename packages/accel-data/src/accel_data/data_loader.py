@@ -129,7 +129,9 @@ def prepare_data_loader(
         use_seedable_sampler: replace a ``RandomSampler`` by a :class:`SeedableRandomSampler`.
         data_seed: its seed.
         non_blocking: move batches with ``non_blocking=True``.
-        use_stateful_dataloader: build on torchdata's ``StatefulDataLoader``.
+        use_stateful_dataloader: opt in to resuming at the saved batch after ``Accelerator.load_state``
+            (default: the epoch replays from its start, as documented); built on torchdata's
+            ``StatefulDataLoader`` when torchdata is installed, on accel's own position otherwise.
         torch_device_mesh: shard over the mesh's data-parallel dimensions only, so tensor- and
             context-parallel ranks get the same batches.
 
@@ -144,10 +146,6 @@ def prepare_data_loader(
             f"prepare_data_loader needs a torch.utils.data.DataLoader, got {type(dataloader).__name__}; "
             "wrap your dataset in DataLoader(dataset, batch_size=...) first."
         )
-    if use_stateful_dataloader:
-        from accel_data.config import require_stateful_dataloader
-
-        require_stateful_dataloader()
     is_iterable = isinstance(dataloader.dataset, IterableDataset)
     if dispatch_batches is None:
         dispatch_batches = bool(put_on_device and is_iterable)
@@ -311,7 +309,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
     is_iterable = isinstance(dataset, IterableDataset)
     sampler_is_batch_sampler = isinstance(dataloader.sampler, BatchSampler)
     kwargs = _copied_kwargs(dataloader)
-    stateful = bool(getattr(dataloader, "_stateful", False))
+    stateful = bool(getattr(dataloader, "use_stateful_dataloader", False))
 
     if isinstance(dataloader, DataLoaderDispatcher):
         if is_iterable:

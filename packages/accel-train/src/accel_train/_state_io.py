@@ -196,7 +196,8 @@ class StateIOMixin:
                 loader_state = loader.state_dict()
                 if active is not None and loader is active:
                     # Saved when a step starts (preemption): that step's batch is read again on resume.
-                    loader_state = preemption.rewind_loader_state(loader_state)
+                    rewound = getattr(loader, "rewound_state_dict", None)  # prepared loaders (torchdata too)
+                    loader_state = rewound() if rewound else preemption.rewind_loader_state(loader_state)
                 io_.save_object(loader_state, os.path.join(folder, name))
                 written["dataloaders"].append(name)
         precision_state = self.precision.state_dict()
@@ -277,7 +278,10 @@ class StateIOMixin:
         for index, loader in enumerate(dataloaders):
             path = os.path.join(folder, ckpt.dataloader_file(index))
             if os.path.isfile(path):
-                loader.load_state_dict(io.load_torch(path))
+                # Position only with use_stateful_dataloader=True; otherwise the epoch replays from its start.
+                from accel_data.loaders import load_checkpoint_state
+
+                load_checkpoint_state(loader, io.load_torch(path))
         if self.precision.state_dict() is not None:
             self.precision.load_state_dict(io.load_torch(os.path.join(folder, ckpt.SCALER_NAME)))
         for index, obj in enumerate(self._custom_objects):

@@ -340,7 +340,9 @@ def load_accelerator_state(
     for index, loader in enumerate(dataloaders):
         path = os.path.join(folder, dataloader_file(index))
         if hasattr(loader, "load_state_dict") and os.path.isfile(path):
-            loader.load_state_dict(io.load_torch(path))
+            from accel_data.loaders import load_checkpoint_state  # position only with use_stateful_dataloader
+
+            load_checkpoint_state(loader, io.load_torch(path))
     if scaler is not None:
         scaler.load_state_dict(io.load_torch(os.path.join(folder, SCALER_NAME)))
     rng_path = os.path.join(folder, rng_file(process_index))
