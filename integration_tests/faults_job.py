@@ -27,6 +27,7 @@ import time
 import torch
 from safetensors.torch import save_file
 
+from accel_data import DataLoaderConfiguration
 from accel_train import Accelerator, ProjectConfiguration
 
 SAVE_EVERY = 3
@@ -75,7 +76,8 @@ def main() -> None:
         total_limit=2,
         save_on_preemption=os.environ.get("PREEMPT_SAVE") == "1",
     )
-    accelerator = Accelerator(gradient_accumulation_steps=2, project_config=config)
+    stateful = DataLoaderConfiguration(use_stateful_dataloader=True)  # resume at the saved batch (no manual skip)
+    accelerator = Accelerator(gradient_accumulation_steps=2, project_config=config, dataloader_config=stateful)
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(48, 4), torch.randn(48, 1))
     loader = torch.utils.data.DataLoader(data, batch_size=3, shuffle=True)
