@@ -98,13 +98,30 @@ def get_cpu_distributed_information() -> dict[str, int]:
     }
 
 
+_PURGE_MARK = "_accel_purges_environment"
+
+
 def purge_accelerate_environment(func_or_cls: Any) -> Any:
-    """Decorator: ``ACCELERATE_*`` variables that the decorated function (or each ``test*`` method of the
-    decorated class) sets or changes are put back as they were when it returns or raises."""
+    """Decorator: the ``ACCELERATE_*`` variables that the decorated function sets or changes are put back
+    as they were when it returns or raises.
+
+    On a class, every ``test*`` method is wrapped, the inherited ones included, and so are the
+    ``test*`` methods of every subclass defined later (through ``__init_subclass__``), so decorating a
+    base test class cleans all the tests derived from it.
+
+    Args:
+        func_or_cls: a function, or a (test) class.
+
+    Returns:
+        The wrapped function, or the class itself with its test methods wrapped.
+    """
     import functools
     import inspect
 
     def wrap(function: Any) -> Any:
+        if getattr(function, _PURGE_MARK, False):
+            return function
+
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             before = {k: v for k, v in os.environ.items() if k.startswith("ACCELERATE_")}
@@ -116,14 +133,34 @@ def purge_accelerate_environment(func_or_cls: Any) -> Any:
                         del os.environ[key]
                 os.environ.update(before)
 
+        setattr(wrapper, _PURGE_MARK, True)
         return wrapper
 
-    if inspect.isclass(func_or_cls):
-        for name, member in list(vars(func_or_cls).items()):
-            if callable(member) and (name.startswith("test") or name in ("setUp", "tearDown")):
-                setattr(func_or_cls, name, wrap(member))
-        return func_or_cls
-    return wrap(func_or_cls)
+    if not inspect.isclass(func_or_cls):
+        return wrap(func_or_cls)
+
+    def wrap_tests(cls: type) -> None:
+        for name in dir(cls):
+            if not name.startswith("test"):
+                continue
+            member = inspect.getattr_static(cls, name)
+            if isinstance(member, (staticmethod, classmethod)):
+                setattr(cls, name, type(member)(wrap(member.__func__)))
+            elif inspect.isfunction(member):
+                setattr(cls, name, wrap(member))
+
+    wrap_tests(func_or_cls)
+    previous = func_or_cls.__dict__.get("__init_subclass__")
+
+    def __init_subclass__(cls: type, **kwargs: Any) -> None:
+        if previous is not None:
+            previous.__get__(None, cls)(**kwargs)
+        else:
+            super(func_or_cls, cls).__init_subclass__(**kwargs)
+        wrap_tests(cls)
+
+    func_or_cls.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]
+    return func_or_cls
 
 
 def get_current_device_type() -> tuple[str, str]:
