@@ -151,7 +151,7 @@ def prepare_data_loader(
         dispatch_batches = bool(put_on_device and is_iterable)
     if dispatch_batches and not put_on_device:
         raise ValueError(
-            "dispatch_batches=True sends each process its slice on its device, so it needs put_on_device=True "
+            "Using `dispatch_batches=True` requires `put_on_device=True`: it sends each process its slice on its device "
             "(or use dispatch_batches=False)."
         )
     state = PartialState()
@@ -180,13 +180,15 @@ def prepare_data_loader(
         if size % num_processes != 0:
             raise ValueError(
                 f"split_batches=True cuts each batch of {size} samples in {num_processes} equal slices, but {size} is "
-                f"not a multiple of {num_processes} (the number of processes). Use a batch size that is a multiple of "
+                f"not a multiple of {num_processes} (the number of processes): the batch size needs to be a round "
+                f"multiple of the number of processes. Use a batch size that is a multiple of "
                 f"{num_processes}, or split_batches=False to give each process whole batches of {size}."
             )
     if split_batches and is_iterable and dataloader.batch_size is not None and dataloader.batch_size % num_processes:
         raise ValueError(
             f"split_batches=True cuts each batch of {dataloader.batch_size} samples in {num_processes} equal slices, "
-            f"but {dataloader.batch_size} is not a multiple of {num_processes} (the number of processes). Use a batch "
+            f"but {dataloader.batch_size} is not a multiple of {num_processes} (the number of processes): the batch size "
+            "needs to be a round multiple of the number of processes. Use a batch "
             "size that is a multiple of the number of processes, or split_batches=False."
         )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator as _operator
+
 MODEL_NAME = "pytorch_model"
 OPTIMIZER_NAME = "optimizer"
 SCHEDULER_NAME = "scheduler"
@@ -28,9 +30,29 @@ SAGEMAKER_PYTHON_VERSION = "py38"
 SAGEMAKER_TRANSFORMERS_VERSION = "4.17.0"
 SAGEMAKER_PARALLEL_EC2_INSTANCES = ["ml.p3.16xlarge", "ml.p3dn.24xlarge", "ml.p4dn.24xlarge"]
 
-STR_OPERATION_TO_FUNC = {">": "gt", ">=": "ge", "==": "eq", "!=": "ne", "<=": "le", "<": "lt"}
+#: Comparison operators of version requirements, as the documented module maps them: to the functions
+#: (``STR_OPERATION_TO_FUNC[">="](a, b)`` is ``a >= b``).
+STR_OPERATION_TO_FUNC = {
+    ">": _operator.gt,
+    ">=": _operator.ge,
+    "==": _operator.eq,
+    "!=": _operator.ne,
+    "<=": _operator.le,
+    "<": _operator.lt,
+}
 
-TORCH_DISTRIBUTED_OPERATION_TYPES = ["all_gather", "all_reduce", "broadcast", "reduce", "gather_object"]
+#: Distributed types that run on CUDA devices, and every type whose processes talk through torch.distributed.
+CUDA_DISTRIBUTED_TYPES = ["DEEPSPEED", "MULTI_GPU", "FSDP", "MEGATRON_LM", "TP"]
+TORCH_DISTRIBUTED_OPERATION_TYPES = [
+    *CUDA_DISTRIBUTED_TYPES,
+    "MULTI_NPU",
+    "MULTI_MLU",
+    "MULTI_SDAA",
+    "MULTI_MUSA",
+    "MULTI_XPU",
+    "MULTI_CPU",
+    "MULTI_HPU",
+]
 TORCH_LAUNCH_PARAMS = [
     "nnodes",
     "nproc_per_node",
@@ -60,12 +82,18 @@ ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION = "2.2.0"
 FSDP_PYTORCH_VERSION = "2.1.0"
 FSDP2_PYTORCH_VERSION = "2.6.0"
 XPU_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.4.0"
+MITA_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.1.0"
+#: Oldest releases with which tensor parallelism (torch + transformers) and context parallelism work.
+BETA_TP_AVAILABLE_PYTORCH_VERSION = "2.3.0"
+BETA_TP_AVAILABLE_TRANSFORMERS_VERSION = "4.52.0"
+BETA_CP_AVAILABLE_PYTORCH_VERSION = "2.6.0"
 
 # Choices of the FSDP and DeepSpeed settings (as the config file and the launcher spell them).
 FSDP_SHARDING_STRATEGY = ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"]
 FSDP_AUTO_WRAP_POLICY = ["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
 FSDP_BACKWARD_PREFETCH = ["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]
 FSDP_STATE_DICT_TYPE = ["FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"]
+FSDP2_STATE_DICT_TYPE = ["SHARDED_STATE_DICT", "FULL_STATE_DICT"]
 DEEPSPEED_MULTINODE_LAUNCHERS = ["pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm"]
 TORCH_DYNAMO_MODES = ["default", "reduce-overhead", "max-autotune"]
 

@@ -234,15 +234,32 @@ def check_cuda_p2p_ib_support() -> bool:
         return False
 
 
-def set_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
-    """Pin this process to the CPUs of the NUMA node of its GPU (NVIDIA, Linux, with pynvml); nothing
-    elsewhere. ``verbose`` (or ``ACCELERATE_DEBUG_MODE``) logs the CPUs chosen."""
+def override_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
+    """Pin this process to the CPUs of the NUMA node of its GPU, recomputing the CPU set every call.
+
+    Only NVIDIA GPUs report their NUMA node (through pynvml); on a machine without CUDA, or without
+    ``os.sched_setaffinity`` (not Linux), there is nothing to pin and the call does nothing. Prefer
+    :func:`set_numa_affinity`, which computes the set once per process index.
+
+    Args:
+        local_process_index: index of this process on its machine (the GPU it drives).
+        verbose: log the CPUs chosen (default: ``ACCELERATE_DEBUG_MODE``).
+
+    Raises:
+        ImportError: CUDA is available but pynvml, which reads the GPU's CPU affinity, is not installed.
+    """
+    import logging
     import math
 
     from accel_state import imports
 
-    if not (imports.is_cuda_available() and imports.is_pynvml_available() and hasattr(os, "sched_setaffinity")):
+    if not (imports.is_cuda_available() and hasattr(os, "sched_setaffinity")):
         return
+    if not imports.is_pynvml_available():
+        raise ImportError(
+            "override_numa_affinity: to set the CPU affinity on CUDA GPUs the `pynvml` package must be "
+            "available (`pip install pynvml`), to read which CPUs are near each GPU."
+        )
     import pynvml  # type: ignore[import-not-found]
 
     pynvml.nvmlInit()
@@ -253,7 +270,31 @@ def set_numa_affinity(local_process_index: int, verbose: bool | None = None) -> 
     if cpus:
         os.sched_setaffinity(0, cpus)
     if verbose or (verbose is None and parse_flag_from_env("ACCELERATE_DEBUG_MODE")):
-        print(f"Assigning {len(cpus)} CPUs to process {local_process_index}: {cpus}")
+        chosen = sorted(os.sched_getaffinity(0))
+        logging.getLogger(__name__).info(
+            "Assigning %d cpu cores to process %d: %s", len(chosen), local_process_index, chosen
+        )
+
+
+_NUMA_DONE: set[tuple[int, bool | None]] = set()
+
+
+def set_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
+    """Pin this process to the CPUs of the NUMA node of its GPU (NVIDIA, Linux, with pynvml), once per
+    ``(local_process_index, verbose)``: later calls do nothing (:func:`override_numa_affinity` recomputes).
+
+    Args:
+        local_process_index: index of this process on its machine.
+        verbose: log the CPUs chosen (default: ``ACCELERATE_DEBUG_MODE``).
+
+    Raises:
+        ImportError: CUDA is available but pynvml is not installed.
+    """
+    key = (local_process_index, verbose)
+    if key in _NUMA_DONE:
+        return
+    override_numa_affinity(local_process_index, verbose=verbose)
+    _NUMA_DONE.add(key)
 
 
 #: Oldest Linux kernel on which multi-process runs are known not to hang.
