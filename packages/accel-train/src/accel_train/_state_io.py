@@ -116,7 +116,7 @@ class StateIOMixin:
             output_dir = os.path.join(base, f"checkpoint_{config.iteration}")
             if os.path.exists(output_dir):
                 raise ValueError(
-                    f"checkpoint folder {output_dir} (iteration {config.iteration}) already exists; set "
+                    f"Checkpoint directory {output_dir} ({config.iteration}) already exists; set "
                     "`accelerator.project_configuration.iteration` to the number to continue from"
                 )
         elif output_dir is None:

@@ -144,7 +144,7 @@ def resolve_input_dir(input_dir: str) -> str:
     if os.path.isdir(old):
         logger.warning("%s is missing but its previous version %s is complete: loading that", input_dir, old)
         return old
-    raise FileNotFoundError(f"checkpoint folder {input_dir} does not exist")
+    raise FileNotFoundError(f"Tried to find {input_dir} but folder does not exist: no checkpoint folder there")
 
 
 def prune(base: str, total_limit: int | None, keep: str) -> list[str]:

@@ -157,7 +157,7 @@ class NDParallelStrategy(Strategy):
             model = model.to(self.device)
         model = self.precision.convert_module(model)
         config = self.config
-        if config.tp_enabled:
+        if config.tp_enabled and not _has_dtensor_parameters(model):  # split by the user already: as it is
             from accel_train.tensor_parallel import apply_plan, model_plan, resolve_plan
 
             explicit = getattr(config.tp_handler, "tp_plan", None)
@@ -299,3 +299,10 @@ class NDParallelStrategy(Strategy):
         inner = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
         name = self.checkpoint_entries()["optimizer"].name(index)
         fsdp_state.load_sharded_optimizer(self._model_of(optimizer), inner, os.path.join(folder, name))
+
+
+def _has_dtensor_parameters(model: torch.nn.Module) -> bool:
+    """True when some parameter is a DTensor: the user split the model (``parallelize_module``) already."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(param, DTensor) for param in model.parameters())
