@@ -92,6 +92,7 @@ class DataLoaderStateMixin:
     """Epoch, position, ``GradientState`` registration and resume state of a prepared loader."""
 
     _stateful = False
+    _position_opt_in = False
 
     def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
         from accel_state import imports
@@ -173,7 +174,7 @@ class DataLoaderStateMixin:
     def use_stateful_dataloader(self) -> bool:
         """True when the loader was prepared with ``use_stateful_dataloader=True``: ``load_state`` then
         restores its position in the epoch (through torchdata's state when installed, else accel's own)."""
-        return bool(getattr(self, "_position_opt_in", self._stateful))
+        return bool(self._position_opt_in or self._stateful)
 
     @property
     def _index_sampler(self) -> Any:

@@ -156,7 +156,7 @@ def purge_accelerate_environment(func_or_cls: Any) -> Any:
         if previous is not None:
             previous.__get__(None, cls)(**kwargs)
         else:
-            super(func_or_cls, cls).__init_subclass__(**kwargs)
+            super(func_or_cls, cls).__init_subclass__(**kwargs)  # type: ignore[misc]
         wrap_tests(cls)
 
     func_or_cls.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]
