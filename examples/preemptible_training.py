@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from accel import Accelerator
-from accel.utils import ProjectConfiguration
+from accel.utils import DataLoaderConfiguration, ProjectConfiguration
 
 
 class Progress:
@@ -58,7 +58,10 @@ def main() -> None:
         total_limit=3,
         save_on_preemption=True,  # SIGTERM: finish the step, save, exit 143
     )
-    accelerator = Accelerator(gradient_accumulation_steps=2, project_config=config)
+    # use_stateful_dataloader=True: after load_state the loader continues at the saved batch (the loop
+    # below does not skip by hand; without it the interrupted epoch replays from its start).
+    dataloader_config = DataLoaderConfiguration(use_stateful_dataloader=True)
+    accelerator = Accelerator(gradient_accumulation_steps=2, project_config=config, dataloader_config=dataloader_config)
     torch.manual_seed(42)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

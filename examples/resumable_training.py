@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from accel import Accelerator
-from accel.utils import ProjectConfiguration
+from accel.utils import DataLoaderConfiguration, ProjectConfiguration
 
 
 class TrainingProgress:
@@ -61,7 +61,11 @@ def fingerprint(model: nn.Module) -> str:
 def main() -> None:
     args = parse_args()
     config = ProjectConfiguration(project_dir=args.project_dir, automatic_checkpoint_naming=True, total_limit=2)
-    accelerator = Accelerator(project_config=config, mixed_precision=args.mixed_precision)
+    # use_stateful_dataloader=True: load_state also brings back the loader's position in the epoch.
+    dataloader_config = DataLoaderConfiguration(use_stateful_dataloader=True)
+    accelerator = Accelerator(
+        project_config=config, mixed_precision=args.mixed_precision, dataloader_config=dataloader_config
+    )
 
     torch.manual_seed(0)
     inputs = torch.randn(320, 10)

@@ -110,6 +110,8 @@ def train_epoch(accelerator, model, optimizer, loader, scheduler, epoch, args, s
     """One epoch (or until ``stop_after`` batches); returns the mean loss of the batches seen."""
     resumed = (state or {}).get("resumed_batches", 0)
     bar = progress(accelerator, len(loader), f"epoch {epoch + 1}/{args.epochs}", initial=resumed)
+    if resumed:  # after load_state the epoch replays from its start: skip the batches already trained on
+        loader = accelerator.skip_first_batches(loader, resumed)
     losses = []
     for batch_index, (points, labels) in enumerate(loader):
         with accelerator.accumulate(model):
@@ -168,8 +170,8 @@ def main() -> None:
     checkpoint = accelerator.save_state()
     accelerator.print(f"checkpoint saved mid-epoch (batch {half} of {len(train_loader)}) to {checkpoint}")
 
-    # Simulate a restart: fresh objects, then load_state() picks the latest checkpoint and the
-    # loader continues from the batch where it was saved.
+    # Simulate a restart: fresh objects, then load_state() picks the latest checkpoint; train_epoch
+    # skips the batches of the epoch already trained on (skip_first_batches).
     saved_params = [p.detach().clone() for p in accelerator.unwrap_model(model).parameters()]
     accelerator.free_memory()
     model, optimizer, train_loader, eval_loader, scheduler = build(accelerator, args)

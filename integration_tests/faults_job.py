@@ -27,6 +27,7 @@ import time
 import torch
 from safetensors.torch import save_file
 
+from accel_data import DataLoaderConfiguration
 from accel_train import Accelerator, ProjectConfiguration
 
 SAVE_EVERY = 3
@@ -75,7 +76,11 @@ def main() -> None:
         total_limit=2,
         save_on_preemption=os.environ.get("PREEMPT_SAVE") == "1",
     )
-    accelerator = Accelerator(gradient_accumulation_steps=2, project_config=config)
+    # RESUME_SKIP=continue: the documented manual resume (the epoch replays, the loop skips the seen batches);
+    # otherwise the opt-in: the loader resumes at the saved batch by itself.
+    manual_skip = os.environ.get("RESUME_SKIP") == "continue"
+    stateful = DataLoaderConfiguration(use_stateful_dataloader=not manual_skip)
+    accelerator = Accelerator(gradient_accumulation_steps=2, project_config=config, dataloader_config=stateful)
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(48, 4), torch.randn(48, 1))
     loader = torch.utils.data.DataLoader(data, batch_size=3, shuffle=True)
@@ -89,9 +94,12 @@ def main() -> None:
     if os.path.isdir(checkpoints) and any(name.startswith("checkpoint_") for name in os.listdir(checkpoints)):
         accelerator.load_state()
         accelerator.print(f"attempt {attempt}: resumed at batch {progress.batches}, epoch {loader.iteration}")
+    seen = progress.batches - loader.iteration * len(loader) if manual_skip else 0
     rank = accelerator.process_index
     for _epoch in range(loader.iteration, EPOCHS):
-        for inputs, targets in loader:
+        for index, (inputs, targets) in enumerate(loader):
+            if index < seen:
+                continue  # trained on before the restart
             with accelerator.accumulate(model):
                 loss = torch.nn.functional.mse_loss(model(inputs), targets)
                 accelerator.backward(loss)
@@ -109,6 +117,7 @@ def main() -> None:
                     log.write(f"{attempt} {progress.batches} {time.time():.6f}\n")
             if progress.batches % SAVE_EVERY == 0:
                 accelerator.save_state()
+        seen = 0
     state = {k: v.detach().clone().contiguous() for k, v in accelerator.unwrap_model(model).state_dict().items()}
     save_file(state, os.path.join(project, f"final_{rank}.safetensors"))
     accelerator.print(f"DONE attempt {attempt} batches {progress.batches}")

@@ -141,20 +141,21 @@ def test_load_state_dict_rejects_foreign_states() -> None:
             stateful.load_state_dict(loader.state_dict())
 
 
-def test_stateful_loading_without_torchdata_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stateful_opt_in_works_without_torchdata(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without torchdata, use_stateful_dataloader=True is accel's own position (no ImportError)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
     from accel_data.config import DataLoaderConfiguration
+    from accel_data.loaders import DataLoaderShard
     from accel_state import imports
 
     monkeypatch.setattr(imports, "is_torchdata_stateful_dataloader_available", lambda: False)
-    hint = r'pip install "accel-data\[torchdata\]"'
-    with pytest.raises(ImportError, match=hint):
-        prepare_data_loader(DataLoader(Squares()), use_stateful_dataloader=True)
-    with pytest.raises(ImportError, match=hint):
-        DataLoaderConfiguration(use_stateful_dataloader=True)
-    from accel_data.loaders import DataLoaderShard
-
-    with pytest.raises(ImportError, match=hint):
-        DataLoaderShard(Squares(), use_stateful_dataloader=True)
+    assert DataLoaderConfiguration(use_stateful_dataloader=True).use_stateful_dataloader
+    loader = prepare_data_loader(DataLoader(Squares(), batch_size=2), use_stateful_dataloader=True)
+    assert loader.use_stateful_dataloader and not isinstance(loader, StatefulDataLoader)
+    assert "stateful" not in loader.state_dict()
+    shard = DataLoaderShard(Squares(), use_stateful_dataloader=True)
+    assert shard.use_stateful_dataloader and not isinstance(shard, StatefulDataLoader)
 
 
 @requires_torchdata

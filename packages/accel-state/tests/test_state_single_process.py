@@ -93,7 +93,10 @@ def test_accelerator_state_reads_mixed_precision_and_delegates() -> None:
     assert state.num_processes == 1 and state.device.type == "cpu"
     assert "Mixed precision type: bf16" in repr(state)
     assert AcceleratorState(mixed_precision="bf16").mixed_precision == "bf16"
-    with pytest.raises(ValueError, match="already initialised with mixed_precision='bf16'; it cannot change to 'fp16'"):
+    with pytest.raises(
+        ValueError,
+        match="AcceleratorState has already been initialized and cannot be changed: it was initialised with mixed_precision='bf16', not 'fp16'",
+    ):
         AcceleratorState(mixed_precision="fp16")
 
 

@@ -176,7 +176,9 @@ def test_filter_trackers_names_instances_and_all(tmp_path) -> None:
 def test_filter_trackers_errors_name_the_problem(tmp_path) -> None:
     with pytest.raises(ValueError, match=r"Unsupported tracker 'tensorbord'.*'tensorboard'"):
         filter_trackers("tensorbord")
-    with pytest.raises(ValueError, match="'jsonl' needs a logging directory"):
+    with pytest.raises(
+        ValueError, match=r"Logging with `jsonl` requires a `logging_dir` to be passed in: pass `project_dir=...`"
+    ):
         filter_trackers("jsonl")
     with pytest.raises(TypeError, match="got the class ListTracker"):
         filter_trackers([ListTracker])

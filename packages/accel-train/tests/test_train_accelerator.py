@@ -115,7 +115,9 @@ def test_accumulated_gradients_equal_full_batch() -> None:
 
 
 def test_gradient_accumulation_plugin_and_steps_conflict() -> None:
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(
+        ValueError, match="You can only pass one of `GradientAccumulationPlugin` and `gradient_accumulation_steps`"
+    ):
         Accelerator(
             cpu=True,
             gradient_accumulation_steps=2,

@@ -297,9 +297,13 @@ def test_process_killed_during_save_leaves_previous_checkpoint(tmp_path) -> None
 def _resume_run(tmp_path, total_steps: int, save_at: int | None, load: bool, dropout: bool = True) -> torch.Tensor:
     """Train TinyNet on a shuffled loader for ``total_steps`` batches over several epochs."""
     reset_shared_state()
+    from accel_data import DataLoaderConfiguration
     from accel_state.random import set_seed
 
-    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    # The loop below does not skip by hand: it opts in to resuming at the saved batch.
+    accelerator = Accelerator(
+        cpu=True, gradient_accumulation_steps=2, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True)
+    )
     set_seed(123)
     model = TinyNet()
     if not dropout:

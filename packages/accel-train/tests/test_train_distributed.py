@@ -196,9 +196,12 @@ def rank_join_uneven() -> int:
 
 
 def rank_resume(folder: str, total_steps: int, save_at: int | None, load: bool) -> torch.Tensor:
+    from accel_data import DataLoaderConfiguration
     from accel_state.random import set_seed
 
-    accelerator = _fresh(gradient_accumulation_steps=2)
+    # The loop does not skip by hand: it opts in to resuming at the saved batch.
+    stateful = DataLoaderConfiguration(use_stateful_dataloader=True)
+    accelerator = _fresh(gradient_accumulation_steps=2, dataloader_config=stateful)
     set_seed(7)
     model = TinyNet()
     model.drop.p = 0.0

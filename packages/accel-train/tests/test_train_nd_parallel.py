@@ -195,7 +195,9 @@ def rank_train(sizes: dict, steps: int, per_rank_batch: int, save_at: int | None
         if step == 0:
             first_batches.append(x)
     state = accelerator.get_state_dict(model)
-    return {"losses": losses, "state": state, "first": first_batches[0], "dp": accelerator.data_parallel_rank}
+    # the flattened data-parallel rank: dp_replicate rank x dp_shard size + dp_shard rank
+    dp = accelerator.data_parallel_rank * sizes.get("dp_shard_size", 1) + accelerator.data_parallel_shard_rank
+    return {"losses": losses, "state": state, "first": first_batches[0], "dp": dp}
 
 
 @pytest.fixture(scope="module")

@@ -49,7 +49,11 @@ def _train(project: str, total: int, preempt_after: int | None, sigterm_rank: in
 
     reset_shared_state()
     config = ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True, save_on_preemption=True)
-    accelerator = Accelerator(gradient_accumulation_steps=2, project_config=config)
+    from accel_data import DataLoaderConfiguration
+
+    # Resumed without skipping by hand: the loader opts in to continuing at the saved batch.
+    stateful = DataLoaderConfiguration(use_stateful_dataloader=True)
+    accelerator = Accelerator(gradient_accumulation_steps=2, project_config=config, dataloader_config=stateful)
     set_seed(3)
     model = TinyNet()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)

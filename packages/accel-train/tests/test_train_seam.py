@@ -200,7 +200,8 @@ def test_attributes_answer_from_the_strategy_and_precision() -> None:
         assert accelerator.torch_device_mesh == "a mesh"
         assert accelerator.is_composable_parallelism_enabled
         assert accelerator.fp8_backend == "AO"
-        assert (accelerator.data_parallel_rank, accelerator.data_parallel_shard_rank) == (1, 1)
+        # data_parallel_rank is the dp_replicate rank (documented); this mesh has no dp_replicate
+        assert (accelerator.data_parallel_rank, accelerator.data_parallel_shard_rank) == (0, 1)
         assert (accelerator.tensor_parallel_rank, accelerator.context_parallel_rank) == (1, 0)
     finally:
         register_strategy("single_device", SingleDeviceStrategy, replace=True)

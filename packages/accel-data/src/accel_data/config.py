@@ -15,8 +15,8 @@ def require_stateful_dataloader() -> None:
     if not imports.is_torchdata_stateful_dataloader_available():
         raise ImportError(
             "use_stateful_dataloader=True needs torchdata>=0.8 (its StatefulDataLoader), which is not installed. "
-            f"Install it with `{STATEFUL_EXTRA_HINT}`, or use use_stateful_dataloader=False (prepared loaders "
-            "still resume mid-epoch through their own state_dict)."
+            f"Install it with `{STATEFUL_EXTRA_HINT}`, or use a prepared loader (Accelerator.prepare or "
+            "prepare_data_loader), whose use_stateful_dataloader=True works without torchdata."
         )
 
 
@@ -35,8 +35,12 @@ class DataLoaderConfiguration:
             depends only on the seed and the epoch (reproducible and resumable).
         data_seed: seed of that sampler (default: torch's initial seed, as set by ``set_seed``).
         non_blocking: move batches to the device with ``non_blocking=True`` (useful with ``pin_memory``).
-        use_stateful_dataloader: build the loaders on torchdata's ``StatefulDataLoader``, whose state also
-            covers workers and stateful datasets (needs ``pip install "accel-data[torchdata]"``).
+        use_stateful_dataloader: opt in to resuming mid-epoch: after ``Accelerator.load_state`` a prepared
+            loader continues at the batch after the last one saved. Off (the default, as documented), it
+            replays the interrupted epoch from its start, in the same order, and the script skips the
+            batches it already used (``skip_first_batches`` or ``continue``). With torchdata installed
+            (``pip install "accel-data[torchdata]"``) the loaders are built on its ``StatefulDataLoader``,
+            whose state also covers workers and stateful datasets; without it, accel's own position is used.
     """
 
     split_batches: bool = False
@@ -71,8 +75,6 @@ class DataLoaderConfiguration:
                 "DataLoaderConfiguration.data_seed is only used with use_seedable_sampler=True; it is ignored.",
                 stacklevel=3,
             )
-        if self.use_stateful_dataloader:
-            require_stateful_dataloader()
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as a plain dict (field name -> value)."""

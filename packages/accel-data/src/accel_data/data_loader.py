@@ -133,7 +133,9 @@ def prepare_data_loader(
         use_seedable_sampler: replace a ``RandomSampler`` by a :class:`SeedableRandomSampler`.
         data_seed: its seed.
         non_blocking: move batches with ``non_blocking=True``.
-        use_stateful_dataloader: build on torchdata's ``StatefulDataLoader``.
+        use_stateful_dataloader: opt in to resuming at the saved batch after ``Accelerator.load_state``
+            (default: the epoch replays from its start, as documented); built on torchdata's
+            ``StatefulDataLoader`` when torchdata is installed, on accel's own position otherwise.
         torch_device_mesh: shard over the mesh's data-parallel dimensions only, so tensor- and
             context-parallel ranks get the same batches.
         num_processes: Number of processes sharing the data; `None` takes it from the distributed state.
@@ -150,16 +152,12 @@ def prepare_data_loader(
             f"prepare_data_loader needs a torch.utils.data.DataLoader, got {type(dataloader).__name__}; "
             "wrap your dataset in DataLoader(dataset, batch_size=...) first."
         )
-    if use_stateful_dataloader:
-        from accel_data.config import require_stateful_dataloader
-
-        require_stateful_dataloader()
     is_iterable = isinstance(dataloader.dataset, IterableDataset)
     if dispatch_batches is None:
         dispatch_batches = bool(put_on_device and is_iterable)
     if dispatch_batches and not put_on_device:
         raise ValueError(
-            "dispatch_batches=True sends each process its slice on its device, so it needs put_on_device=True "
+            "Using `dispatch_batches=True` requires `put_on_device=True`: it sends each process its slice on its device "
             "(or use dispatch_batches=False)."
         )
     state = PartialState()
@@ -188,13 +186,15 @@ def prepare_data_loader(
         if size % num_processes != 0:
             raise ValueError(
                 f"split_batches=True cuts each batch of {size} samples in {num_processes} equal slices, but {size} is "
-                f"not a multiple of {num_processes} (the number of processes). Use a batch size that is a multiple of "
+                f"not a multiple of {num_processes} (the number of processes): the batch size needs to be a round "
+                f"multiple of the number of processes. Use a batch size that is a multiple of "
                 f"{num_processes}, or split_batches=False to give each process whole batches of {size}."
             )
     if split_batches and is_iterable and dataloader.batch_size is not None and dataloader.batch_size % num_processes:
         raise ValueError(
             f"split_batches=True cuts each batch of {dataloader.batch_size} samples in {num_processes} equal slices, "
-            f"but {dataloader.batch_size} is not a multiple of {num_processes} (the number of processes). Use a batch "
+            f"but {dataloader.batch_size} is not a multiple of {num_processes} (the number of processes): the batch size "
+            "needs to be a round multiple of the number of processes. Use a batch "
             "size that is a multiple of the number of processes, or split_batches=False."
         )
 
@@ -321,7 +321,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
     is_iterable = isinstance(dataset, IterableDataset)
     sampler_is_batch_sampler = isinstance(dataloader.sampler, BatchSampler)
     kwargs = _copied_kwargs(dataloader)
-    stateful = bool(getattr(dataloader, "_stateful", False))
+    stateful = bool(getattr(dataloader, "use_stateful_dataloader", False))
 
     if isinstance(dataloader, DataLoaderDispatcher):
         if is_iterable:

@@ -168,15 +168,17 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
             state["first_samples"] = [t.detach().cpu().clone() for t in first]
         return state
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume from `state_dict`: the next iteration continues where that one stopped.
+    def load_state_dict(self, state_dict: dict[str, Any], *, restore_position: bool = True) -> None:
+        """Resume from :meth:`state_dict` (see :meth:`DataLoaderStateMixin.load_state_dict`).
 
         Args:
-            state_dict: A dict returned by `state_dict()`.
+            state_dict: what :meth:`state_dict` returned.
+            restore_position: False replays the saved epoch from its first batch.
         """
-        super().load_state_dict(state_dict)
+        super().load_state_dict(state_dict, restore_position=restore_position)
         first = state_dict.get("first_samples")
-        self._resume_first = list(first) if first is not None and state_dict["batches_yielded"] else None
+        resumed = restore_position and state_dict["batches_yielded"]
+        self._resume_first = list(first) if first is not None and resumed else None
 
     def _stateful_state(self) -> dict[str, Any]:
         if self.state.process_index != 0:

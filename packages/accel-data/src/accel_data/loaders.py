@@ -1,9 +1,15 @@
 """``DataLoaderShard`` and ``SkipDataLoader``, and the bookkeeping every prepared loader shares.
 
-A prepared loader is a ``DataLoader`` subclass (or, with ``use_stateful_dataloader=True``, a subclass
-of torchdata's ``StatefulDataLoader`` too). While iterating it registers with ``GradientState``, reads
-one batch ahead so that ``end_of_dataloader`` is already True while the last batch is used, and
-counts the batches it yields, so ``state_dict()`` / ``load_state_dict()`` resume mid-epoch.
+A prepared loader is a ``DataLoader`` subclass (or, with ``use_stateful_dataloader=True`` and torchdata
+installed, a subclass of torchdata's ``StatefulDataLoader`` too). While iterating it registers with
+``GradientState``, reads one batch ahead so that ``end_of_dataloader`` is already True while the last
+batch is used, and counts the batches it yields, so ``state_dict()`` / ``load_state_dict()`` resume
+mid-epoch.
+
+``Accelerator.load_state`` restores that position only for loaders that opted in with
+``use_stateful_dataloader=True`` (:func:`load_checkpoint_state`); the others get back their epoch and
+shuffle order and replay the epoch from its start, as in the documented system, so a script that skips
+the seen batches itself (``skip_first_batches`` or a ``continue``) does not skip them twice.
 """
 
 from __future__ import annotations
@@ -16,7 +22,6 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
-from accel_data.config import require_stateful_dataloader
 from accel_data.samplers import (
     BatchSamplerShard,
     IterableDatasetShard,
@@ -87,12 +92,17 @@ class DataLoaderStateMixin:
     """Epoch, position, ``GradientState`` registration and resume state of a prepared loader."""
 
     _stateful = False
+    _position_opt_in = False
 
     def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
-        if use_stateful_dataloader and not cls._stateful:
-            require_stateful_dataloader()
+        from accel_state import imports
+
+        if use_stateful_dataloader and not cls._stateful and imports.is_torchdata_stateful_dataloader_available():
             cls = _stateful_variant(cls)  # type: ignore[arg-type]
-        return object.__new__(cls)
+        loader = object.__new__(cls)
+        # Without torchdata the opt-in still resumes at the saved position, through accel's own state.
+        loader._position_opt_in = bool(use_stateful_dataloader)
+        return loader
 
     def _init_state(
         self, rng_types: Any, synchronized_generator: Any, skip_batches: int, drop_last: bool, non_blocking: bool
@@ -114,9 +124,11 @@ class DataLoaderStateMixin:
         self._in_epoch = False
         self._index_skip = 0
         self._resume_position = 0
+        self._keep_global_rng = False
         self._epoch_start_states: list[torch.Tensor] | None = None
         self._generators: list[torch.Generator] | None = None
         self._snapshot: dict[str, Any] | None = None
+        self._previous_snapshot: dict[str, Any] | None = None
         # skip_first_batches links the skipping loader and the loader it was made from (see _link_skip)
         self._epoch_source: Any = None
         self._position_offset = 0
@@ -132,6 +144,7 @@ class DataLoaderStateMixin:
         import weakref
 
         source._resume_position = 0
+        self._keep_global_rng, source._keep_global_rng = source._keep_global_rng, False
         source._in_epoch = False
         source._skipping_loader = weakref.ref(self)
         if getattr(source, "_resume_first", None) is not None:  # dispatcher: the epoch's padding samples
@@ -159,8 +172,9 @@ class DataLoaderStateMixin:
 
     @property
     def use_stateful_dataloader(self) -> bool:
-        """True when this loader is built on torchdata's `StatefulDataLoader`."""
-        return self._stateful
+        """True when the loader was prepared with ``use_stateful_dataloader=True``: ``load_state`` then
+        restores its position in the epoch (through torchdata's state when installed, else accel's own)."""
+        return bool(self._position_opt_in or self._stateful)
 
     @property
     def _index_sampler(self) -> Any:
@@ -275,7 +289,9 @@ class DataLoaderStateMixin:
         self._resume_position = 0
         self._yielded = position
         self._in_epoch = True
-        self._snapshot = None
+        # A resumed epoch starts from the loaded torchdata state (rewound_state_dict may go back to it).
+        self._snapshot = self._snapshot if position > 0 else None
+        self._previous_snapshot = None
         self.begin()
         # After load_state_dict, torchdata fast-forwards its own iterator; otherwise we skip here.
         return self.skip_batches + (0 if self._stateful else position)
@@ -302,11 +318,13 @@ class DataLoaderStateMixin:
     def _take_snapshot(self) -> None:
         from torchdata.stateful_dataloader import StatefulDataLoader
 
+        self._previous_snapshot = self._snapshot  # torchdata's state one batch earlier (rewound_state_dict)
         self._snapshot = StatefulDataLoader.state_dict(self)  # type: ignore[arg-type]
 
     def _iterate(self, make_base: Any, device: Any) -> Iterator[Any]:
         """Yield the batches one step behind the base iterator, so the last one is known in advance."""
-        resuming = self._resume_position > 0
+        resuming = self._resume_position > 0 or self._keep_global_rng
+        self._keep_global_rng = False
         skip = self._index_level_skip(self._start_epoch())
         try:
             if resuming:
@@ -388,6 +406,26 @@ class DataLoaderStateMixin:
             state["stateful"] = self._stateful_state()
         return state
 
+    def rewound_state_dict(self) -> dict[str, Any]:
+        """:meth:`state_dict` as it stood before the last batch was yielded.
+
+        A checkpoint taken when a step starts (``save_on_preemption``) was made after that step's batch
+        was read; resuming from this state reads that batch again. Covers torchdata's part too.
+        """
+        skipping = self._active_skipping()
+        if skipping is not None:
+            return skipping.rewound_state_dict()
+        state = self.state_dict()
+        yielded = state["batches_yielded"]
+        if yielded <= 0:
+            return state
+        state["batches_yielded"] = yielded - 1
+        if "stateful" in state:
+            previous = self._previous_snapshot
+            # Back at the epoch's first batch: an empty torchdata state starts the epoch afresh.
+            state["stateful"] = previous if previous is not None else {}
+        return state
+
     def _stateful_state(self) -> dict[str, Any]:
         if self._snapshot is not None:
             return self._snapshot
@@ -395,11 +433,18 @@ class DataLoaderStateMixin:
 
         return StatefulDataLoader.state_dict(self)  # type: ignore[arg-type]
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any], *, restore_position: bool = True) -> None:
         """Resume from :meth:`state_dict`: the next iteration continues where that one stopped.
 
         Args:
-            state_dict: A dict returned by `state_dict()`.
+            state_dict: what :meth:`state_dict` returned.
+            restore_position: False restores the epoch and the shuffle order only: the next iteration
+                replays that epoch from its first batch (what ``Accelerator.load_state`` does for loaders
+                without ``use_stateful_dataloader=True``).
+
+        Raises:
+            KeyError: the state was not made by a prepared loader (or lacks torchdata's part).
+            ValueError: it was made by a loader with another number of generators.
         """
         missing = [key for key in _STATE_KEYS if key not in state_dict]
         if missing:
@@ -414,7 +459,7 @@ class DataLoaderStateMixin:
                 f"{type(self).__name__}.load_state_dict: the state holds {len(states)} generator state(s) but this "
                 f"loader has {len(generators)} generator(s); load it into a loader prepared like the one that saved it."
             )
-        if self._stateful and "stateful" not in state_dict:
+        if self._stateful and restore_position and "stateful" not in state_dict:
             raise KeyError(
                 "this loader uses use_stateful_dataloader=True but the state has no 'stateful' entry (it was saved "
                 "by a loader without it); prepare both the same way."
@@ -423,6 +468,11 @@ class DataLoaderStateMixin:
             generator.set_state(torch.as_tensor(saved, dtype=torch.uint8).detach().cpu().clone())
         self.iteration = int(state_dict["epoch"])
         position = int(state_dict["batches_yielded"])
+        # Replaying a started epoch: the base iterator must not draw from torch's global generator again
+        # (the uninterrupted run drew before the checkpoint), or every later random number shifts.
+        self._keep_global_rng = position > 0 and not restore_position
+        if not restore_position:
+            position = 0
         sampler = self._seedable_sampler()
         if sampler is not None and "sampler" in state_dict:
             sampler.initial_seed = int(state_dict["sampler"]["initial_seed"])
@@ -430,7 +480,12 @@ class DataLoaderStateMixin:
         self._in_epoch = position > 0
         self._yielded = position
         self._epoch_start_states = [g.get_state() for g in generators] if position > 0 else None
-        if self._stateful:
+        if self._stateful and not restore_position:
+            from torchdata.stateful_dataloader import StatefulDataLoader
+
+            StatefulDataLoader.load_state_dict(self, {})  # type: ignore[arg-type]
+            self._snapshot = None
+        elif self._stateful:
             from torchdata.stateful_dataloader import StatefulDataLoader
 
             saved = state_dict["stateful"]
@@ -440,6 +495,24 @@ class DataLoaderStateMixin:
             StatefulDataLoader.load_state_dict(self, {} if finished else saved)  # type: ignore[arg-type]
             self._snapshot = state_dict["stateful"]
         self._resume_position = position
+
+
+def load_checkpoint_state(loader: Any, state_dict: dict[str, Any]) -> None:
+    """Load a loader's saved state the way ``Accelerator.load_state`` does.
+
+    A prepared loader that opted in with ``use_stateful_dataloader=True`` continues at the saved batch.
+    Any other prepared loader gets back its epoch and shuffle order and replays that epoch from its
+    first batch: the documented resume, where the script skips the batches it already trained on with
+    ``accelerator.skip_first_batches(loader, n)`` or a ``continue`` over the first ``n`` steps.
+
+    Args:
+        loader: a prepared loader (or any object with ``load_state_dict``, given the state as it is).
+        state_dict: the state saved by ``save_state``.
+    """
+    if isinstance(loader, DataLoaderStateMixin) and not loader.use_stateful_dataloader:
+        loader.load_state_dict(state_dict, restore_position=False)
+    else:
+        loader.load_state_dict(state_dict)
 
 
 class DataLoaderShard(DataLoaderStateMixin, DataLoader):

@@ -37,7 +37,8 @@ def check_split(batch_size: int | None, num_processes: int) -> None:
     if batch_size % num_processes != 0:
         raise ValueError(
             f"split_batches=True cuts each batch in {num_processes} equal slices, but the batch size "
-            f"{batch_size} is not a multiple of the number of processes ({num_processes}). Use a batch size "
+            f"{batch_size} is not a multiple of the number of processes ({num_processes}): it needs to be a round "
+            f"multiple of the number of processes. Use a batch size "
             f"that is a multiple of {num_processes} (e.g. {max(num_processes, batch_size // num_processes * num_processes)}), "
             "or split_batches=False to give each process whole batches."
         )

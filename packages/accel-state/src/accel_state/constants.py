@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator as _operator
+
 MODEL_NAME = "pytorch_model"
 """Stem of a model's weights file in a ``save_state`` folder (``pytorch_model.bin``, ``pytorch_model_1.bin``)."""
 OPTIMIZER_NAME = "optimizer"
@@ -50,11 +52,29 @@ SAGEMAKER_TRANSFORMERS_VERSION = "4.17.0"
 SAGEMAKER_PARALLEL_EC2_INSTANCES = ["ml.p3.16xlarge", "ml.p3dn.24xlarge", "ml.p4dn.24xlarge"]
 """SageMaker instance types that support its data-parallel library."""
 
-STR_OPERATION_TO_FUNC = {">": "gt", ">=": "ge", "==": "eq", "!=": "ne", "<=": "le", "<": "lt"}
-"""Comparison operator as a string -> the name of the ``operator`` function (for version checks)."""
+STR_OPERATION_TO_FUNC = {
+    ">": _operator.gt,
+    ">=": _operator.ge,
+    "==": _operator.eq,
+    "!=": _operator.ne,
+    "<=": _operator.le,
+    "<": _operator.lt,
+}
+"""Comparison operators of version requirements -> their ``operator`` functions (``STR_OPERATION_TO_FUNC[">="](a, b)`` is ``a >= b``)."""
 
-TORCH_DISTRIBUTED_OPERATION_TYPES = ["all_gather", "all_reduce", "broadcast", "reduce", "gather_object"]
-"""Collective operations that debug mode checks across processes before running them."""
+CUDA_DISTRIBUTED_TYPES = ["DEEPSPEED", "MULTI_GPU", "FSDP", "MEGATRON_LM", "TP"]
+"""Distributed types that run on CUDA devices."""
+TORCH_DISTRIBUTED_OPERATION_TYPES = [
+    *CUDA_DISTRIBUTED_TYPES,
+    "MULTI_NPU",
+    "MULTI_MLU",
+    "MULTI_SDAA",
+    "MULTI_MUSA",
+    "MULTI_XPU",
+    "MULTI_CPU",
+    "MULTI_HPU",
+]
+"""Distributed types whose processes talk through ``torch.distributed``."""
 TORCH_LAUNCH_PARAMS = [
     "nnodes",
     "nproc_per_node",
@@ -89,6 +109,14 @@ FSDP2_PYTORCH_VERSION = "2.6.0"
 """Oldest PyTorch version FSDP2 (``fully_shard``) runs on."""
 XPU_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.4.0"
 """First PyTorch version whose profiler records Intel XPU activity."""
+MITA_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.1.0"
+"""First PyTorch version whose profiler records MTIA activity."""
+BETA_TP_AVAILABLE_PYTORCH_VERSION = "2.3.0"
+"""Oldest PyTorch version tensor parallelism works with."""
+BETA_TP_AVAILABLE_TRANSFORMERS_VERSION = "4.52.0"
+"""Oldest transformers version whose models' tensor-parallel plans accel applies."""
+BETA_CP_AVAILABLE_PYTORCH_VERSION = "2.6.0"
+"""Oldest PyTorch version context parallelism works with."""
 
 # Choices of the FSDP and DeepSpeed settings (as the config file and the launcher spell them).
 FSDP_SHARDING_STRATEGY = ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"]
@@ -99,6 +127,8 @@ FSDP_BACKWARD_PREFETCH = ["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]
 """FSDP backward prefetch policies, as the config file and ``accel launch`` spell them."""
 FSDP_STATE_DICT_TYPE = ["FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"]
 """FSDP state-dict types, as the config file and ``accel launch`` spell them."""
+FSDP2_STATE_DICT_TYPE = ["SHARDED_STATE_DICT", "FULL_STATE_DICT"]
+"""The state-dict types FSDP2 supports."""
 DEEPSPEED_MULTINODE_LAUNCHERS = ["pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm"]
 """Multi-node launchers DeepSpeed can start processes with."""
 TORCH_DYNAMO_MODES = ["default", "reduce-overhead", "max-autotune"]

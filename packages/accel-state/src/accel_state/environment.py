@@ -126,17 +126,30 @@ def get_cpu_distributed_information() -> dict[str, int]:
     }
 
 
+_PURGE_MARK = "_accel_purges_environment"
+
+
 def purge_accelerate_environment(func_or_cls: Any) -> Any:
-    """Decorator: ``ACCELERATE_*`` variables that the decorated function (or each ``test*`` method of the
-    decorated class) sets or changes are put back as they were when it returns or raises.
+    """Decorator: the ``ACCELERATE_*`` variables that the decorated function sets or changes are put back
+    as they were when it returns or raises.
+
+    On a class, every ``test*`` method is wrapped, the inherited ones included, and so are the
+    ``test*`` methods of every subclass defined later (through ``__init_subclass__``), so decorating a
+    base test class cleans all the tests derived from it.
 
     Args:
-        func_or_cls: The function, or the test class whose `test*` methods are wrapped.
+        func_or_cls: a function, or a (test) class.
+
+    Returns:
+        The wrapped function, or the class itself with its test methods wrapped.
     """
     import functools
     import inspect
 
     def wrap(function: Any) -> Any:
+        if getattr(function, _PURGE_MARK, False):
+            return function
+
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             before = {k: v for k, v in os.environ.items() if k.startswith("ACCELERATE_")}
@@ -148,14 +161,34 @@ def purge_accelerate_environment(func_or_cls: Any) -> Any:
                         del os.environ[key]
                 os.environ.update(before)
 
+        setattr(wrapper, _PURGE_MARK, True)
         return wrapper
 
-    if inspect.isclass(func_or_cls):
-        for name, member in list(vars(func_or_cls).items()):
-            if callable(member) and (name.startswith("test") or name in ("setUp", "tearDown")):
-                setattr(func_or_cls, name, wrap(member))
-        return func_or_cls
-    return wrap(func_or_cls)
+    if not inspect.isclass(func_or_cls):
+        return wrap(func_or_cls)
+
+    def wrap_tests(cls: type) -> None:
+        for name in dir(cls):
+            if not name.startswith("test"):
+                continue
+            member = inspect.getattr_static(cls, name)
+            if isinstance(member, (staticmethod, classmethod)):
+                setattr(cls, name, type(member)(wrap(member.__func__)))
+            elif inspect.isfunction(member):
+                setattr(cls, name, wrap(member))
+
+    wrap_tests(func_or_cls)
+    previous = func_or_cls.__dict__.get("__init_subclass__")
+
+    def __init_subclass__(cls: type, **kwargs: Any) -> None:
+        if previous is not None:
+            previous.__get__(None, cls)(**kwargs)
+        else:
+            super(func_or_cls, cls).__init_subclass__(**kwargs)  # type: ignore[misc]
+        wrap_tests(cls)
+
+    func_or_cls.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]
+    return func_or_cls
 
 
 def get_current_device_type() -> tuple[str, str]:
@@ -229,20 +262,32 @@ def check_cuda_p2p_ib_support() -> bool:
         return False
 
 
-def set_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
-    """Pin this process to the CPUs of the NUMA node of its GPU (NVIDIA, Linux, with pynvml); nothing
-    elsewhere. ``verbose`` (or ``ACCELERATE_DEBUG_MODE``) logs the CPUs chosen.
+def override_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
+    """Pin this process to the CPUs of the NUMA node of its GPU, recomputing the CPU set every call.
+
+    Only NVIDIA GPUs report their NUMA node (through pynvml); on a machine without CUDA, or without
+    ``os.sched_setaffinity`` (not Linux), there is nothing to pin and the call does nothing. Prefer
+    :func:`set_numa_affinity`, which computes the set once per process index.
 
     Args:
-        local_process_index: Index, on its machine, of the process that runs the function.
-        verbose: Log the CPUs chosen; `None` reads `ACCELERATE_DEBUG_MODE`.
+        local_process_index: index of this process on its machine (the GPU it drives).
+        verbose: log the CPUs chosen (default: ``ACCELERATE_DEBUG_MODE``).
+
+    Raises:
+        ImportError: CUDA is available but pynvml, which reads the GPU's CPU affinity, is not installed.
     """
+    import logging
     import math
 
     from accel_state import imports
 
-    if not (imports.is_cuda_available() and imports.is_pynvml_available() and hasattr(os, "sched_setaffinity")):
+    if not (imports.is_cuda_available() and hasattr(os, "sched_setaffinity")):
         return
+    if not imports.is_pynvml_available():
+        raise ImportError(
+            "override_numa_affinity: to set the CPU affinity on CUDA GPUs the `pynvml` package must be "
+            "available (`pip install pynvml`), to read which CPUs are near each GPU."
+        )
     import pynvml  # type: ignore[import-not-found]
 
     pynvml.nvmlInit()
@@ -253,7 +298,31 @@ def set_numa_affinity(local_process_index: int, verbose: bool | None = None) -> 
     if cpus:
         os.sched_setaffinity(0, cpus)
     if verbose or (verbose is None and parse_flag_from_env("ACCELERATE_DEBUG_MODE")):
-        print(f"Assigning {len(cpus)} CPUs to process {local_process_index}: {cpus}")
+        chosen = sorted(os.sched_getaffinity(0))
+        logging.getLogger(__name__).info(
+            "Assigning %d cpu cores to process %d: %s", len(chosen), local_process_index, chosen
+        )
+
+
+_NUMA_DONE: set[tuple[int, bool | None]] = set()
+
+
+def set_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
+    """Pin this process to the CPUs of the NUMA node of its GPU (NVIDIA, Linux, with pynvml), once per
+    ``(local_process_index, verbose)``: later calls do nothing (:func:`override_numa_affinity` recomputes).
+
+    Args:
+        local_process_index: index of this process on its machine.
+        verbose: log the CPUs chosen (default: ``ACCELERATE_DEBUG_MODE``).
+
+    Raises:
+        ImportError: CUDA is available but pynvml is not installed.
+    """
+    key = (local_process_index, verbose)
+    if key in _NUMA_DONE:
+        return
+    override_numa_affinity(local_process_index, verbose=verbose)
+    _NUMA_DONE.add(key)
 
 
 #: Oldest Linux kernel on which multi-process runs are known not to hang.

@@ -106,6 +106,10 @@ class PartialState:
                     device_type, proc.local_rank, devices.device_count(device_type), devices.forced_device_index(cpu)
                 )
                 getattr(torch, device_type).set_device(index)
+            if device_type == "cuda" and env_vars.read("ACCELERATE_CPU_AFFINITY"):
+                from accel_state.environment import set_numa_affinity
+
+                set_numa_affinity(proc.local_rank)  # the CPUs near this GPU (launch --enable_cpu_affinity)
             init_kwargs: dict[str, Any] = {"backend": self.backend}
             if timeout is not None:
                 init_kwargs["timeout"] = timeout
@@ -322,7 +326,8 @@ class PartialState:
         if name in self._known_attrs:
             raise AttributeError(
                 f"`PartialState` object has no attribute `{name}`: the state is not initialised yet. "
-                "Create `PartialState()` (or an `Accelerator`) first."
+                "Create `PartialState()` (or an `Accelerator`) first. This happens if `PartialState._reset_state()` "
+                "was called and an `Accelerator` or `PartialState` was not reinitialized."
             )
         raise AttributeError(f"'PartialState' object has no attribute '{name}'")
 
@@ -408,8 +413,8 @@ class AcceleratorState:
         if self._shared_state.get("_initialized"):
             if mixed_precision is not None and str(mixed_precision) != self._mixed_precision:
                 raise ValueError(
-                    f"AcceleratorState was already initialised with mixed_precision={self._mixed_precision!r}; "
-                    f"it cannot change to {mixed_precision!r}. Restart the process (or call "
+                    "AcceleratorState has already been initialized and cannot be changed: it was initialised with "
+                    f"mixed_precision={self._mixed_precision!r}, not {mixed_precision!r}. Restart the process (or call "
                     "AcceleratorState._reset_state(True)) and pass mixed_precision to the first Accelerator()."
                 )
             return
@@ -456,8 +461,10 @@ class AcceleratorState:
         if partial is None or not partial._shared_state.get("_initialized"):
             if name in PartialState._known_attrs or name in self._known_attrs:
                 raise AttributeError(
-                    f"`AcceleratorState` object has no attribute `{name}`: the state is not initialised yet "
-                    "(or `_reset_state()` was called since). Create an `Accelerator()` (or `AcceleratorState()`) first."
+                    f"`AcceleratorState` object has no attribute `{name}`: the state is not initialised yet. "
+                    "Create an `Accelerator()` (or `AcceleratorState()`) first. This happens if "
+                    "`AcceleratorState._reset_state()` was called and an `Accelerator` or `PartialState` was not "
+                    "reinitialized."
                 )
             raise AttributeError(f"'AcceleratorState' object has no attribute '{name}'")
         try:

@@ -97,8 +97,8 @@ def _check_directory(name: str, logging_dir: Any) -> None:
     cls = LOGGER_TYPE_TO_CLASS[name]
     if cls.requires_logging_directory and logging_dir is None:
         raise ValueError(
-            f"Logging with {name!r} needs a logging directory: pass `project_dir=...` to the Accelerator "
-            "(or `logging_dir` in its ProjectConfiguration)."
+            f"Logging with `{name}` requires a `logging_dir` to be passed in: pass `project_dir=...` to the "
+            "Accelerator (or `logging_dir` in its ProjectConfiguration)."
         )
 
 

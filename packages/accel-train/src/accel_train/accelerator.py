@@ -147,13 +147,18 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         self._strategy = components.strategy
         self.precision = components.precision
         self.checkpoint_io = components.checkpoint_io
+        parallelism = self.state.parallelism_config
+        if parallelism is not None and self._strategy.device_mesh is None and self.state.num_processes > 1:
+            # Plain data parallelism still has the documented mesh (torch_device_mesh["dp"], ...): build it
+            # now, on every process together (building it creates process groups).
+            parallelism.get_device_mesh(self.state.device.type)
 
         # Gradient accumulation.
         if gradient_accumulation_plugin is not None:
             if gradient_accumulation_steps != 1:
                 raise ValueError(
-                    "give the number of accumulation steps either as `gradient_accumulation_steps` or in the "
-                    "`gradient_accumulation_plugin`, not both"
+                    "You can only pass one of `GradientAccumulationPlugin` and `gradient_accumulation_steps`: give "
+                    "the number of accumulation steps in the `gradient_accumulation_plugin` only."
                 )
             if not isinstance(gradient_accumulation_plugin, GradientAccumulationPlugin):
                 raise TypeError("gradient_accumulation_plugin must be a GradientAccumulationPlugin")
@@ -248,8 +253,9 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
     def _check_device_map(self, model: torch.nn.Module) -> None:
         if getattr(model, "hf_device_map", None) is not None and self.verify_device_map(model) and self.use_distributed:
             raise ValueError(
-                "a model loaded with a device map spread over several devices (device_map='auto') cannot be "
-                "trained in a distributed run; load it on one device per process"
+                "You can't train a model that has been loaded with `device_map='auto'` in any distributed mode: "
+                "its layers are spread over several devices. Load it on one device per process, or run one "
+                "process (`--num_processes=1`)."
             )
 
     def _remember(self, obj: Any) -> None:

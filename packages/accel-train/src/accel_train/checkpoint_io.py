@@ -187,8 +187,8 @@ def load_into_model(
     missing = [key for key in result.missing_keys if key not in tied]
     if missing or result.unexpected_keys:
         raise RuntimeError(
-            f"{source} does not match the model {type(model).__name__}: missing keys {missing}, "
-            f"unexpected keys {list(result.unexpected_keys)}"
+            f"Error(s) in loading state_dict for {type(model).__name__}: {source} does not match the model: "
+            f"missing keys {missing}, unexpected keys {list(result.unexpected_keys)}"
         )
 
 

@@ -186,7 +186,7 @@ def resolve_input_dir(input_dir: str) -> str:
     if os.path.isdir(old):
         logger.warning("%s is missing but its previous version %s is complete: loading that", input_dir, old)
         return old
-    raise FileNotFoundError(f"checkpoint folder {input_dir} does not exist")
+    raise FileNotFoundError(f"Tried to find {input_dir} but folder does not exist: no checkpoint folder there")
 
 
 def prune(base: str, total_limit: int | None, keep: str) -> list[str]:
@@ -411,7 +411,9 @@ def read_objects(
     for index, loader in enumerate(loaders):
         path = os.path.join(folder, dataloader_file(index))
         if os.path.isfile(path):
-            loader.load_state_dict(io_.load_object(path))
+            from accel_data.loaders import load_checkpoint_state  # position only with use_stateful_dataloader
+
+            load_checkpoint_state(loader, io_.load_object(path))
     if objects.scaler is not None and objects.scaler.state_dict() is not None:
         objects.scaler.load_state_dict(io_.load_object(os.path.join(folder, SCALER_NAME)))
     for index, obj in enumerate(objects.custom):

@@ -163,8 +163,14 @@ class AcceleratorAttributes:
 
     @property
     def torch_device_mesh(self) -> Any:
-        """The strategy's ``DeviceMesh`` (``None`` when it uses none)."""
-        return self._strategy.device_mesh
+        """The strategy's ``DeviceMesh``; with a ``ParallelismConfig`` whose strategy needs none (plain
+        data parallelism over several processes), the config's mesh, so its documented names
+        (``dp``, ``dp_cp``, ...) index it; ``None`` otherwise."""
+        mesh = self._strategy.device_mesh
+        config = self.state.parallelism_config
+        if mesh is None and config is not None and self.state.num_processes > 1:
+            mesh = config.get_device_mesh(self.state.device.type)
+        return mesh
 
     @property
     def should_save_model(self) -> bool:
@@ -176,7 +182,8 @@ class AcceleratorAttributes:
 
     @property
     def data_parallel_rank(self) -> int:
-        return self._strategy.parallel_dims.data_parallel_rank
+        """Rank along the replicated data-parallel dimension (``dp_replicate``), as documented; 0 without it."""
+        return self._strategy.parallel_dims.dp_replicate_rank
 
     @property
     def data_parallel_shard_rank(self) -> int:

@@ -125,7 +125,7 @@ class Checkpointer:
             output_dir = os.path.join(base, f"checkpoint_{config.iteration}")
             if os.path.exists(output_dir):
                 raise ValueError(
-                    f"checkpoint folder {output_dir} (iteration {config.iteration}) already exists; set "
+                    f"Checkpoint directory {output_dir} ({config.iteration}) already exists; set "
                     "`accelerator.project_configuration.iteration` to the number to continue from"
                 )
         elif output_dir is None:
@@ -163,9 +163,11 @@ class Checkpointer:
         active = self.gradient_state.active_dataloader if self._rewind_active_loader else None  # type: ignore[attr-defined]
 
         def loader_state(loader: Any) -> dict[str, Any]:
-            state = loader.state_dict()
+            if active is None or loader is not active:
+                return loader.state_dict()
             # Saved when a step starts (preemption): that step's batch is read again on resume.
-            return preemption.rewind_loader_state(state) if active is not None and loader is active else state
+            rewound = getattr(loader, "rewound_state_dict", None)  # prepared loaders (torchdata's too)
+            return rewound() if rewound else preemption.rewind_loader_state(loader.state_dict())
 
         written = ckpt.write_objects(
             tmp,

@@ -171,6 +171,9 @@ def resume_after_restart(accelerator: Accelerator) -> str:
     assert folder is not None
     saved_config, saved_steps = accelerator.project_configuration, accelerator.gradient_accumulation_steps
     accelerator.gradient_accumulation_steps = 2
+    loaders = accelerator.dataloader_config
+    saved_stateful = loaders.use_stateful_dataloader
+    loaders.use_stateful_dataloader = True  # as docs/faults.md: the loop does not skip, the loader resumes
     data = torch.utils.data.TensorDataset(torch.randn(48, 4, generator=torch.Generator().manual_seed(5)))
 
     def run(project: str, stop_after: int | None) -> list[torch.Tensor]:
@@ -204,6 +207,7 @@ def resume_after_restart(accelerator: Accelerator) -> str:
     finally:
         accelerator.project_configuration = saved_config
         accelerator.gradient_accumulation_steps = saved_steps
+        loaders.use_stateful_dataloader = saved_stateful
         accelerator.free_memory()
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:

@@ -199,7 +199,7 @@ class ParallelismConfig:
             ("dp_shard_cp", self.dp_shard_cp_dim_names),
             ("dp_cp", self.dp_cp_dim_names),
         ):
-            if len(parts) > 1:
+            if parts:  # one dimension too: scripts index mesh["dp_cp"] whatever is active
                 mesh[tuple(parts)]._flatten(flat)
         self._device_mesh = mesh
         return mesh

@@ -177,7 +177,7 @@ class NDParallelStrategy(Strategy):
             model = model.to(self.device)
         model = self.precision.convert_module(model)
         config = self.config
-        if config.tp_enabled:
+        if config.tp_enabled and not _has_dtensor_parameters(model):  # split by the user already: as it is
             from accel_train.strategies.nd.tensor_parallel import apply_plan, model_plan, resolve_plan
 
             explicit = getattr(config.tp_handler, "tp_plan", None)
@@ -308,3 +308,10 @@ class NDParallelStrategy(Strategy):
         fsdp_state.load_sharded_optimizer(
             self._model_of(optimizer), inner, os.path.join(folder, name), io=self.checkpoint_io
         )
+
+
+def _has_dtensor_parameters(model: torch.nn.Module) -> bool:
+    """True when some parameter is a DTensor: the user split the model (``parallelize_module``) already."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(param, DTensor) for param in model.parameters())

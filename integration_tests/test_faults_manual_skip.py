@@ -1,0 +1,40 @@
+"""Restarts under ``accel launch --max_restarts`` with the documented manual resume: the script does not
+opt in to ``use_stateful_dataloader``, so after ``load_state`` the epoch replays from its first batch and
+the loop skips the batches it trained on with ``continue`` (``faults_job.py`` with ``RESUME_SKIP``).
+Killed three times, it ends with the parameters of the uninterrupted run of the same script."""
+
+from __future__ import annotations
+
+import pathlib
+
+import torch
+from conftest import ROOT, accel_command, run_command
+from safetensors.torch import load_file
+
+JOB = str(ROOT / "integration_tests" / "faults_job.py")
+
+
+def _launch(args: list[str], project: pathlib.Path, env: dict[str, str]) -> str:
+    project.mkdir(parents=True, exist_ok=True)
+    done = run_command([*accel_command(), "launch", "--cpu", *args, JOB, str(project)], timeout=600, env=env)
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, text[-6000:]
+    return text
+
+
+def _final(project: pathlib.Path) -> list[dict[str, torch.Tensor]]:
+    return [load_file(str(project / f"final_{rank}.safetensors")) for rank in (0, 1)]
+
+
+def test_restarts_with_a_continue_skip_resume_exactly(tmp_path: pathlib.Path) -> None:
+    manual = {"RESUME_SKIP": "continue"}
+    _launch(["--num_processes", "2"], tmp_path / "straight", manual)
+    faults = "0:1:5:kill,1:0:11:raise,2:1:13:exit"  # between accumulation steps; checkpoints every 3 batches
+    text = _launch(
+        ["--num_processes", "2", "--max_restarts", "3"], tmp_path / "restarted", {**manual, "FAULTS": faults}
+    )
+    for line in ("attempt 1: resumed at batch 3", "attempt 2: resumed at batch 9", "DONE attempt 3 batches 16"):
+        assert line in text, text[-4000:]
+    for restarted, straight in zip(_final(tmp_path / "restarted"), _final(tmp_path / "straight")):
+        assert restarted.keys() == straight.keys()
+        assert all(torch.equal(restarted[k], straight[k]) for k in straight)

@@ -1,0 +1,105 @@
+"""Resuming mid-epoch the documented way, through the real ``accel launch`` (2 CPU processes, gloo).
+
+After ``load_state`` a prepared loader replays the interrupted epoch from its first batch (same order)
+unless the script opts in with ``use_stateful_dataloader=True``; the script skips the batches it already
+trained on with ``skip_first_batches`` or with a ``continue`` over the first steps. Each way, under DDP,
+FSDP2 and DeepSpeed ZeRO-3, ends with the parameters of the uninterrupted run (issue: a ``continue`` skip
+used to skip those batches twice).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import textwrap
+
+import pytest
+from conftest import accel_command, run_command
+
+from accel_state.imports import is_deepspeed_available
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, torch
+    from accel_data import DataLoaderConfiguration
+    from accel_train import Accelerator
+
+    folder, phase = sys.argv[1], sys.argv[2]
+    EPOCHS, SAVE_EPOCH, SAVE_AT = 2, 0, 3  # save after 3 of the 6 steps of the first epoch
+    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration())  # the default: no automatic position
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(48, 4, generator=g)
+    data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True) ** 2)
+    loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)  # order matters
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+
+    def step(x, y):
+        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+
+    start_epoch = 0
+    if phase != "first":
+        accelerator.load_state(os.path.join(folder, "ckpt"))
+        start_epoch = SAVE_EPOCH
+    for epoch in range(start_epoch, EPOCHS):
+        resuming = phase != "first" and epoch == SAVE_EPOCH
+        batches = loader
+        if resuming and phase == "skip_first_batches":
+            batches = accelerator.skip_first_batches(loader, SAVE_AT)
+        for index, (x, y) in enumerate(batches):
+            if resuming and phase == "continue" and index < SAVE_AT:
+                continue
+            step(x, y)
+            if phase == "first" and epoch == SAVE_EPOCH and index + 1 == SAVE_AT:
+                accelerator.save_state(os.path.join(folder, "ckpt"))
+    state = {k: v.float().flatten().tolist() for k, v in accelerator.get_state_dict(model).items()}
+    if accelerator.is_main_process:
+        with open(os.path.join(folder, phase + ".json"), "w") as handle:
+            json.dump({"state": state, "distributed_type": accelerator.distributed_type.value}, handle)
+    accelerator.end_training()
+    """
+)
+
+COMMON = "compute_environment: LOCAL_MACHINE\nuse_cpu: true\nnum_machines: 1\nnum_processes: 2\nmixed_precision: 'no'\n"
+CONFIGS = {
+    "MULTI_CPU": COMMON + "distributed_type: MULTI_CPU\n",
+    "FSDP": COMMON
+    + "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  fsdp_state_dict_type: SHARDED_STATE_DICT\n",
+    "DEEPSPEED": COMMON
+    + "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n  zero3_init_flag: false\n"
+    + "  gradient_accumulation_steps: 1\n  zero3_save_16bit_model: true\n",
+}
+needs_deepspeed = pytest.mark.skipif(not is_deepspeed_available(), reason='needs "accel-train[deepspeed]"')
+
+
+@pytest.mark.parametrize(
+    ("backend", "resumes"),
+    [
+        ("MULTI_CPU", ("continue", "skip_first_batches")),
+        ("FSDP", ("continue", "skip_first_batches")),
+        pytest.param("DEEPSPEED", ("continue", "skip_first_batches"), marks=needs_deepspeed),
+    ],
+)
+def test_resume_with_a_manual_skip_ends_like_the_uninterrupted_run(
+    tmp_path: pathlib.Path, backend: str, resumes: tuple[str, ...]
+) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    config = tmp_path / "accel.yaml"
+    config.write_text(CONFIGS[backend])
+    for phase in ("first", *resumes):
+        result = run_command(
+            [*accel_command(), "launch", "--config_file", str(config), str(script), str(tmp_path), phase], timeout=600
+        )
+        assert result.returncode == 0, (phase, (result.stdout + result.stderr)[-4000:])
+    first = json.loads((tmp_path / "first.json").read_text())
+    assert first["distributed_type"] == backend
+    for phase in resumes:
+        resumed = json.loads((tmp_path / f"{phase}.json").read_text())
+        assert resumed["state"].keys() == first["state"].keys()
+        for key, values in first["state"].items():
+            assert resumed["state"][key] == pytest.approx(values, abs=1e-6), (phase, key)
