@@ -71,6 +71,7 @@ _FSDP_UTILS = [
     "fsdp2_canonicalize_names",
     "fsdp2_switch_optimizer_parameters",
     "ensure_weights_retied",
+    "get_parameters_from_modules",
 ]
 UTILS.update({name: f"{_T}.fsdp_utils" for name in _FSDP_UTILS})
 MODULES["accel.utils.fsdp_utils"] = f"{_T}.fsdp_utils"
