@@ -44,9 +44,7 @@ print(m.metadata("accelerate")["Home-page"])
 def test_switch_makes_accelerate_and_its_metadata_resolve_to_accel() -> None:
     done = _python(ALIAS_CHECK, env={"ACCEL_PROVIDE_ACCELERATE": "1"})
     assert done.returncode == 0, done.stderr
-    from accel.accelerate_alias import PROVIDED_VERSION
-
-    from accel.accelerate_alias import DOCUMENTED_API_PAGE
+    from accel.accelerate_alias import DOCUMENTED_API_PAGE, PROVIDED_VERSION
 
     # the home page names where the served API is documented (sentence-transformers checks it to train)
     assert done.stdout.split() == [PROVIDED_VERSION, "accelerate", DOCUMENTED_API_PAGE]
