@@ -59,8 +59,8 @@ def main() -> None:
     def save_hook(models, weights, output_dir):  # type: ignore[no-untyped-def]
         if accelerator.is_main_process:
             ema.save_pretrained(os.path.join(output_dir, "unet_ema"))
-            for each in models:
-                each.save_pretrained(os.path.join(output_dir, "unet"))
+            for each in models:  # the prepared (wrapped) models: unwrap, as the examples do
+                accelerator.unwrap_model(each).save_pretrained(os.path.join(output_dir, "unet"))
                 weights.pop()
 
     def load_hook(models, input_dir):  # type: ignore[no-untyped-def]
@@ -68,7 +68,7 @@ def main() -> None:
         ema.load_state_dict(loaded.state_dict())
         del loaded
         for _ in range(len(models)):
-            each = models.pop()
+            each = accelerator.unwrap_model(models.pop())
             loaded = UNet2DModel.from_pretrained(input_dir, subfolder="unet")
             each.register_to_config(**loaded.config)
             each.load_state_dict(loaded.state_dict())

@@ -52,7 +52,7 @@ def main() -> None:
     encoder = Transformer(base_model(folder), max_seq_length=16)
     model = SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(), "mean")], device="cpu")
     train = Dataset.from_dict({"anchor": tiny.sentences(48, seed=6), "positive": tiny.sentences(48, seed=7)})
-    evaluation = Dataset.from_dict({"anchor": tiny.sentences(6, seed=8), "positive": tiny.sentences(6, seed=9)})
+    evaluation = Dataset.from_dict({"anchor": tiny.sentences(16, seed=8), "positive": tiny.sentences(16, seed=9)})
     args = SentenceTransformerTrainingArguments(
         output_dir=os.path.join(out, "run"),
         per_device_train_batch_size=4,
