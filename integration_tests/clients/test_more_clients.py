@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(
 
 # Resuming a diffusers-style loop skips the seen batches by hand (a `continue` over them): that replays
 # the epoch only once prepared loaders restart from the start after load_state, as documented.
-NEEDS_ISSUE_22 = {"diffusers-1-resume", "diffusers-2-resume"}
+NEEDS_ISSUE_22 = {"diffusers-1-resume"}
 
 
 def _compare(ours: Any, reference: Any, tolerance: float, where: str) -> None:
