@@ -190,18 +190,34 @@ def ray(session: nox.Session) -> None:
 
 # Libraries that import the documented system by name, pinned; accel stands in for it through the
 # opt-in alias (ACCEL_PROVIDE_ACCELERATE=1, accel.accelerate_alias).
-CLIENT_PINS = {"transformers": "transformers==5.23.0", "peft": "peft==0.21.2"}
+CLIENT_PINS = {
+    "transformers": "transformers==5.23.0",
+    "peft": "peft==0.21.2",
+    # issue 25: the figures in integration_tests/clients/reference were recorded with these releases
+    "trl": "trl==1.16.0",
+    "diffusers": "diffusers==0.42.1",
+    "sentence-transformers": "sentence-transformers==6.2.0",
+}
 
 
 @nox.session(tags=["ci"])
 def clients(session: nox.Session) -> None:
     """transformers' Trainer (1 and 2 processes, resume, evaluation loss), from_pretrained with part of
-    the model on disk, and a peft LoRA adapter, on accel through the ``accelerate`` alias."""
+    the model on disk, a peft LoRA adapter, and TRL (SFT, DPO), a diffusers training loop and
+    sentence-transformers compared with the figures of the same runs on the documented system
+    (integration_tests/clients/reference, tools/record_client_reference.py), on accel through the
+    ``accelerate`` alias."""
     _install_local(session, *ORDER, extras={"accel": "test"})
     session.install(*_constraints(), CLIENT_PINS["transformers"])
-    # peft requires the real accelerate, which accel stands in for: peft without it, its other needs by hand
-    session.install(*_constraints(), "--no-deps", CLIENT_PINS["peft"])
+    # peft, trl, diffusers' training and sentence-transformers' training require the real accelerate,
+    # which accel stands in for: the clients without it, their other needs by hand
+    clients = ("peft", "trl", "diffusers", "sentence-transformers")
+    session.install(*_constraints(), "--no-deps", *[CLIENT_PINS[name] for name in clients])
     session.install(*_constraints(), "psutil", "tqdm", "packaging", "pyyaml", "huggingface_hub")
+    session.install(
+        *_constraints(), "datasets", "tensorboard", "jinja2", "pandas", "pyarrow", "Pillow", "importlib_metadata",
+        "scikit-learn", "scipy",
+    )  # fmt: skip
     session.run("python", "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('accelerate') is not None)")
     _pytest(session, "clients", str(ROOT / "integration_tests" / "clients"))
 

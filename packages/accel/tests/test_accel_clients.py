@@ -37,15 +37,18 @@ assert get_balanced_memory is accel_bigmodel.planning.get_balanced_memory
 assert Accelerator is accel_train.accelerator.Accelerator
 assert sys.modules["accelerate.utils.modeling"] is sys.modules["accel_bigmodel.modeling"]
 print(m.version("accelerate"), m.distribution("accelerate").metadata["Name"])
+print(m.metadata("accelerate")["Home-page"])
 """
 
 
 def test_switch_makes_accelerate_and_its_metadata_resolve_to_accel() -> None:
     done = _python(ALIAS_CHECK, env={"ACCEL_PROVIDE_ACCELERATE": "1"})
     assert done.returncode == 0, done.stderr
-    from accel.accelerate_alias import PROVIDED_VERSION
+    from accel.accelerate_alias import DOCUMENTED_API_PAGE, PROVIDED_VERSION
 
-    assert done.stdout.split() == [PROVIDED_VERSION, "accelerate"]
+    # the home page names where the served API is documented (sentence-transformers checks it to train)
+    assert done.stdout.split() == [PROVIDED_VERSION, "accelerate", DOCUMENTED_API_PAGE]
+    assert "huggingface" in DOCUMENTED_API_PAGE
     assert "+accel." in PROVIDED_VERSION
 
 

@@ -204,8 +204,11 @@ def prepare_data_loader(
     new_dataset: Any = dataloader.dataset
     new_batch_sampler: Any = None if is_iterable else batch_sampler
 
-    # A random sampler gets its own generator, so that shuffling is the same on every process and an
-    # epoch's order can be replayed when resuming.
+    shard = (num_processes != 1 or state.distributed_type == DistributedType.MEGATRON_LM) and not dispatch_batches
+    # A random sampler that is sharded gets its own generator, so that shuffling is the same on every
+    # process and an epoch's order can be replayed when resuming. In one process (or when dispatching)
+    # it keeps drawing from torch's global generator at each epoch, as in the documented system: the
+    # same seed then gives the same batches and every later random draw stays in step.
     sampler: Any = get_sampler(dataloader)
     if not is_iterable and isinstance(sampler, RandomSampler):
         if use_seedable_sampler and not isinstance(sampler, SeedableRandomSampler):
@@ -219,7 +222,7 @@ def prepare_data_loader(
             )
             new_batch_sampler = _with_sampler(batch_sampler, seeded)
             sampler = seeded
-        elif not use_seedable_sampler and sampler.generator is None:
+        elif not use_seedable_sampler and sampler.generator is None and shard:
             owned = copy.copy(sampler)
             owned.generator = torch.Generator().manual_seed(_shared_seed())
             new_batch_sampler = _with_sampler(batch_sampler, owned)
@@ -230,7 +233,6 @@ def prepare_data_loader(
         if not isinstance(sampler, SeedableRandomSampler):
             synchronized_generator = sampler.generator
 
-    shard = (num_processes != 1 or state.distributed_type == DistributedType.MEGATRON_LM) and not dispatch_batches
     if shard:
         if is_iterable:
             generator = getattr(dataloader.dataset, "generator", None)

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from accel_data.samplers import (
     BatchSamplerShard,
@@ -265,7 +265,15 @@ class DataLoaderStateMixin:
                 getattr(self, "generator", None),
                 self.synchronized_generator,  # type: ignore[attr-defined]
             )
+            if self._draws_from_global_generator():
+                # a one-process random sampler without a generator seeds each epoch from torch's global
+                # generator (as in the documented system): its state is what replays that epoch's order
+                self._generators.append(torch.default_generator)
         return self._generators
+
+    def _draws_from_global_generator(self) -> bool:
+        sampler = getattr(self.batch_sampler, "sampler", None)  # type: ignore[attr-defined]
+        return isinstance(sampler, RandomSampler) and sampler.generator is None
 
     def _seedable_sampler(self) -> SeedableRandomSampler | None:
         node, seen = (self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler), set()  # type: ignore[attr-defined]
@@ -327,9 +335,10 @@ class DataLoaderStateMixin:
         self._keep_global_rng = False
         skip = self._index_level_skip(self._start_epoch())
         try:
-            if resuming:
+            if resuming and not self._draws_from_global_generator():
                 # The uninterrupted run drew its iterator seed from torch's global generator before the
-                # checkpoint was taken; drawing again here would shift every later random number.
+                # checkpoint was taken; drawing again here would shift every later random number. (A
+                # sampler seeded from that generator had it restored to the epoch's start: draw again.)
                 global_rng = torch.get_rng_state()
                 base = make_base()
                 torch.set_rng_state(global_rng)

@@ -123,6 +123,7 @@ _export(
     "fsdp2_canonicalize_names",
     "fsdp2_switch_optimizer_parameters",
     "ensure_weights_retied",
+    "get_parameters_from_modules",
 )
 _export(
     "strategies.deepspeed.utils",

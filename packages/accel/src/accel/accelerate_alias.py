@@ -32,11 +32,15 @@ ENV_VAR = "ACCEL_PROVIDE_ACCELERATE"
 # label: version checks such as ``accelerate>=1.1.0`` pass, and the text says what it really is.
 DOCUMENTED_RELEASE = "1.15.0"
 PROVIDED_VERSION = f"{DOCUMENTED_RELEASE}+accel.{__version__}"
+# Where the API accel serves under that name is documented. Libraries check the home page of the
+# installed ``accelerate`` before they train (sentence-transformers wants its publisher's name in it).
+DOCUMENTED_API_PAGE = "https://huggingface.co/docs/accelerate"
 
 _METADATA = f"""Metadata-Version: 2.1
 Name: accelerate
 Version: {PROVIDED_VERSION}
 Summary: Provided by accel {__version__} (ACCEL_PROVIDE_ACCELERATE): accelerate's documented API, served by accel's modules.
+Home-page: {DOCUMENTED_API_PAGE}
 """
 
 

@@ -35,7 +35,8 @@ class ProcessOperations:
         """Gather for metric computation, dropping the samples duplicated to even out the last batch.
 
         On the last batch of a loader whose length is known, only the first ``remainder`` entries (the
-        real samples of that global batch) are kept; -1 (unknown length) or 0 (no partial batch) keeps all.
+        real samples of that global batch) are kept; -1 (unknown length) or 0 (no partial batch) keeps all,
+        and so does data holding a value that cannot be cut (a 0-dim tensor), as in the documented system.
         """
         try:
             recursively_apply(lambda x: x, input_data, error_on_other_type=True)
@@ -52,7 +53,10 @@ class ProcessOperations:
             return data
         if use_gather_object:
             return data[:real]
-        return recursively_apply(lambda tensor: tensor[:real], data)
+        try:
+            return recursively_apply(lambda tensor: tensor[:real], data)
+        except IndexError:  # a 0-dim value (one process: nothing was gathered) cannot be cut: as it is
+            return data
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """Reduce (nested) tensors across processes with ``sum``, ``mean`` or ``none``."""

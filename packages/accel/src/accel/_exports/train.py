@@ -72,6 +72,7 @@ UTILS: dict[str, str] = {
     "get_grad_scaler": "accel_train.other",
     "get_mixed_precision_context_manager": "accel_train.other",
     "get_module_class_from_name": "accel_train.other",
+    "get_parameters_from_modules": "accel_train.strategies.fsdp.utils",
     "get_pretty_name": "accel_train.other",
     "has_compiled_regions": "accel_train.other",
     "install_xla": "accel_train.other",

@@ -14,7 +14,8 @@ both written by the main process only.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ __all__ = [
     "fsdp2_prepare_model",
     "fsdp2_switch_optimizer_parameters",
     "get_fsdp2_grad_scaler",
+    "get_parameters_from_modules",
     "load_fsdp_model",
     "load_fsdp_optimizer",
     "merge_fsdp_weights",
@@ -263,6 +265,34 @@ def ensure_weights_retied(
         return result
 
     return init_and_retie
+
+
+def get_parameters_from_modules(
+    modules: Iterable[torch.nn.Module] | str | None, model: torch.nn.Module, device: Any
+) -> set[torch.nn.Parameter]:
+    """The parameters of ``modules``: what FSDP plugins take as modules to ignore or keep whole.
+
+    TRL imports this name at module level, so it must exist whatever the backend.
+
+    Args:
+        modules: modules, or a regular expression matched in full against the names of ``model``'s
+            submodules (the matched modules are moved to ``device``, as the documented system does);
+            ``None`` gives the empty set.
+        model: the model whose submodule names the expression is matched against.
+        device: where modules found by name are moved.
+
+    Returns:
+        The set of their parameters (empty when nothing matched).
+    """
+    if modules is None:
+        return set()
+    if isinstance(modules, str):
+        pattern = re.compile(modules)
+        found = [module for name, module in model.named_modules() if pattern.fullmatch(name)]
+        for module in found:
+            module.to(device)
+        modules = found
+    return {param for module in modules for param in module.parameters()}
 
 
 # The documented home of these names is ``accel_train.fsdp_utils`` (an alias of this very module, see

@@ -1,0 +1,162 @@
+"""A diffusers training loop in the style of its examples (train_unconditional.py): a tiny UNet2DModel
+from a config, a DDPM noise scheduler, an EMA copy, save/load hooks that write with ``save_pretrained``,
+automatic checkpoint names with a total limit, TensorBoard logging, bf16 autocast, accumulation 2.
+
+Runs on accel through the ``accelerate`` alias and unchanged on the documented system (reference
+figures); 1 process with python, 2 with a launcher.
+
+    diffusers_run.py OUT full      8 optimizer steps (2 epochs), figures in OUT/full.json
+    diffusers_run.py OUT stop      the same run, stopped after step 3 (mid-epoch; checkpoints at 1, 2, 3)
+    diffusers_run.py OUT resume    load the last checkpoint, skip the seen batches by hand, go on to step 8
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+
+import tiny
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.utils import ProjectConfiguration, set_seed
+from diffusers import DDPMScheduler, UNet2DModel
+from diffusers.optimization import get_scheduler
+from diffusers.training_utils import EMAModel
+
+ACCUMULATION, MAX_STEPS, BATCH = 2, 8, 2
+
+
+def unet() -> UNet2DModel:
+    return UNet2DModel(
+        sample_size=8,
+        in_channels=3,
+        out_channels=3,
+        layers_per_block=1,
+        block_out_channels=(8, 16),
+        down_block_types=("DownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "UpBlock2D"),
+        norm_num_groups=4,
+    )
+
+
+def main() -> None:
+    out, mode = sys.argv[1], sys.argv[2]
+    accelerator = Accelerator(
+        gradient_accumulation_steps=ACCUMULATION,
+        mixed_precision="bf16",
+        log_with="tensorboard",
+        project_config=ProjectConfiguration(
+            project_dir=out, logging_dir=os.path.join(out, "logs"), automatic_checkpoint_naming=True, total_limit=2
+        ),
+    )
+    set_seed(0)
+    model = unet()
+    ema = EMAModel(model.parameters(), decay=0.9, use_ema_warmup=True, model_cls=UNet2DModel, model_config=model.config)
+
+    def save_hook(models, weights, output_dir):  # type: ignore[no-untyped-def]
+        if accelerator.is_main_process:
+            ema.save_pretrained(os.path.join(output_dir, "unet_ema"))
+            for each in models:  # the prepared (wrapped) models: unwrap, as the examples do
+                accelerator.unwrap_model(each).save_pretrained(os.path.join(output_dir, "unet"))
+                weights.pop()
+
+    def load_hook(models, input_dir):  # type: ignore[no-untyped-def]
+        loaded = EMAModel.from_pretrained(os.path.join(input_dir, "unet_ema"), UNet2DModel)
+        ema.load_state_dict(loaded.state_dict())
+        del loaded
+        for _ in range(len(models)):
+            each = accelerator.unwrap_model(models.pop())
+            loaded = UNet2DModel.from_pretrained(input_dir, subfolder="unet")
+            each.register_to_config(**loaded.config)
+            each.load_state_dict(loaded.state_dict())
+            del loaded
+
+    accelerator.register_save_state_pre_hook(save_hook)
+    accelerator.register_load_state_pre_hook(load_hook)
+
+    images = torch.randn(16 * accelerator.num_processes, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    loader = torch.utils.data.DataLoader(images, batch_size=BATCH, shuffle=True)
+    noise_scheduler = DDPMScheduler(num_train_timesteps=50)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    lr_scheduler = get_scheduler("cosine", optimizer=optimizer, num_warmup_steps=2, num_training_steps=MAX_STEPS)
+    model, optimizer, loader, lr_scheduler = accelerator.prepare(model, optimizer, loader, lr_scheduler)
+    ema.to(accelerator.device)
+    if accelerator.is_main_process:
+        accelerator.init_trackers("train_unconditional")
+
+    updates_per_epoch = math.ceil(len(loader) / ACCUMULATION)
+    epochs = math.ceil(MAX_STEPS / updates_per_epoch)
+    global_step = first_epoch = resume_step = 0
+    if mode == "resume":
+        checkpoints = os.path.join(out, "checkpoints")
+        last = sorted(os.listdir(checkpoints), key=lambda name: int(name.split("_")[1]))[-1]
+        accelerator.load_state(os.path.join(checkpoints, last))
+        accelerator.project_configuration.iteration = int(last.split("_")[1]) + 1  # go on numbering, as documented
+        global_step = accelerator.step // ACCUMULATION  # micro-steps done, restored by load_state
+        first_epoch = global_step // updates_per_epoch
+        resume_step = (global_step * ACCUMULATION) % (updates_per_epoch * ACCUMULATION)
+
+    losses: list[float] = []
+    started = time.perf_counter()
+    timed_steps = 0
+    for epoch in range(first_epoch, epochs):
+        model.train()
+        for step, clean in enumerate(loader):
+            if mode == "resume" and epoch == first_epoch and step < resume_step:
+                continue  # the examples' way of skipping the batches seen before the checkpoint
+            noise = torch.randn(clean.shape, device=clean.device)
+            timesteps = torch.randint(
+                0, noise_scheduler.config.num_train_timesteps, (clean.shape[0],), device=clean.device
+            )
+            noisy = noise_scheduler.add_noise(clean, noise, timesteps)
+            with accelerator.accumulate(model):
+                prediction = model(noisy, timesteps).sample
+                loss = F.mse_loss(prediction.float(), noise)
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad()
+            if accelerator.sync_gradients:
+                ema.step(model.parameters())
+                global_step += 1
+                timed_steps += 1
+                losses.append(float(accelerator.gather(loss.detach()).mean()))
+                accelerator.log({"loss": losses[-1], "lr": lr_scheduler.get_last_lr()[0]}, step=global_step)
+                accelerator.save_state()
+                if mode == "stop" and global_step == 3:
+                    break
+                if global_step >= MAX_STEPS:
+                    break
+        if (mode == "stop" and global_step == 3) or global_step >= MAX_STEPS:
+            break
+    elapsed = time.perf_counter() - started
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process and mode != "stop":
+        unwrapped = accelerator.unwrap_model(model)
+        ema_copy = unet()
+        ema.copy_to(ema_copy.parameters())
+        tiny.write(
+            os.path.join(out, f"{mode}.json"),
+            {
+                "losses": losses,
+                "world": accelerator.num_processes,
+                "steps": global_step,
+                "steps_per_second": timed_steps / elapsed,
+                "params": tiny.digest(unwrapped),
+                "ema": tiny.digest(ema_copy),
+                "checkpoints": sorted(os.listdir(os.path.join(out, "checkpoints"))),
+                "event_files": len(
+                    [n for _, _, files in os.walk(os.path.join(out, "logs")) for n in files if "tfevents" in n]
+                ),
+            },
+        )
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    main()
