@@ -23,7 +23,6 @@ pytestmark = pytest.mark.skipif(
 
 # Resuming a diffusers-style loop skips the seen batches by hand (a `continue` over them): that replays
 # the epoch only once prepared loaders restart from the start after load_state, as documented.
-NEEDS_ISSUE_22 = {"diffusers-1-resume"}
 
 
 def _compare(ours: Any, reference: Any, tolerance: float, where: str) -> None:
@@ -55,12 +54,7 @@ def _params(case: cases.Case, ours: dict[str, Any]) -> None:
 @pytest.mark.timeout(1800)  # a few tiny steps, but each run starts the whole client stack
 @pytest.mark.parametrize(
     "case",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(strict=False, reason="needs issue 22 item 1"))
-        if c.name in NEEDS_ISSUE_22
-        else c
-        for c in cases.CASES
-    ],
+    cases.CASES,
     ids=[c.name for c in cases.CASES],
 )
 def test_client_on_accel_gives_the_documented_systems_figures(case: cases.Case, tmp_path) -> None:
