@@ -86,6 +86,10 @@ class DeepSpeedStrategy(Strategy):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if self._checkpoint_io is None:  # the engine's files hold a few DeepSpeed types: allowed by name
+            from accel_train.strategies.deepspeed.checkpoint import DeepSpeedCheckpointIO
+
+            self._checkpoint_io = DeepSpeedCheckpointIO()
         self.engines: list[Any] = []
         self.engine_wrapper: DeepSpeedEngineWrapper | None = None
         self._engine_optimizers: dict[int, Any] = {}
@@ -409,6 +413,9 @@ class DeepSpeedStrategy(Strategy):
         if _is_frozen_zero3(engine) and os.path.isfile(frozen):
             load_zero3_state_dict(engine.module, self.checkpoint_io.load_weights(frozen, "cpu"), strict)
             return
+        from accel_train.strategies.deepspeed.checkpoint import check_world_size
+
+        check_world_size(os.path.join(folder, entry), engine.dp_world_size if engine.optimizer is not None else None)
         path, _ = engine.load_checkpoint(
             folder,
             tag=entry,
