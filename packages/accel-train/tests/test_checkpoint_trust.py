@@ -278,3 +278,39 @@ def test_save_on_full_disk_names_path_and_reason_and_keeps_previous(tmp_path, ki
         assert out.startswith("ERROR") and os.path.join(base, ".ckpt.partial") in out, out
         assert sorted(os.listdir(base)) == sorted(["ckpt"] + (["filler"] if kind == "disk_full" else []))
         assert torch.equal(_weights(folder), previous)
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_sharded_folder_naming_missing_or_shorter_files_is_refused(tmp_path, damage: str) -> None:
+    """A DCP folder whose metadata names a data file that is gone, or shorter than recorded (a mix of two
+    saves, a copy cut short), is refused before anything is loaded."""
+    accelerator = _accelerator(True)
+    model, optimizer, _ = _trained(accelerator)
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+    data = os.path.join(folder, "optimizer_0", "__0_0.distcp")
+    if damage == "missing":
+        os.remove(data)
+    else:
+        with open(data, "r+b") as handle:
+            handle.truncate(os.path.getsize(data) // 2)
+    _more(accelerator, model, optimizer)
+    before = _snapshot(accelerator, model, optimizer)
+    error = FileNotFoundError if damage == "missing" else ValueError
+    with pytest.raises(error, match="__0_0.distcp"):
+        accelerator.load_state(folder)
+    _assert_same(before, _snapshot(accelerator, model, optimizer))
+    reset_shared_state()
+
+
+def test_user_folders_inside_a_checkpoint_are_not_read(tmp_path) -> None:
+    """Only the layout's files are checked and read: a folder of the user's kept in the checkpoint is left alone."""
+    accelerator = _accelerator(False)
+    _trained(accelerator)
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+    os.makedirs(os.path.join(folder, "notes"))
+    _crafted_pickle(os.path.join(folder, "notes", "mine.pkl"), str(tmp_path / "marker"))
+    accelerator.load_state(folder)
+    assert not os.path.exists(tmp_path / "marker")
+    reset_shared_state()

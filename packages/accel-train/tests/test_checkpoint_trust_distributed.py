@@ -176,3 +176,78 @@ def test_deepspeed_crafted_engine_file_runs_nothing(pools, tmp_path, stage: int,
         assert craft in result["error"] and "GLOBAL" in result["error"]
         assert result["unchanged"] and not result["ran"]
     assert not os.path.exists(marker)
+
+
+# -- FSDP2 cases reported broken elsewhere, each against DDP ----------------------------------------------
+
+
+class _Tied(torch.nn.Module):
+    """A language-model shape: the output head shares the embedding's weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 8)
+        self.block = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(8, 16, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.block(self.embed(tokens))))
+
+
+def rank_tied_twice(backend: str, folder: str) -> dict:
+    """Tied embeddings; save after 2 steps, train 2 more; load the checkpoint twice in the same process
+    and train the same 2 steps again: both continuations must match."""
+    reset_shared_state()
+    from accel_train import Accelerator, FullyShardedDataParallelPlugin
+
+    plugin = None
+    if backend == "fsdp2":
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="SHARDED_STATE_DICT")
+    accelerator = Accelerator(fsdp_plugin=plugin)
+    torch.manual_seed(0)
+    model = _Tied()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    generator = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, 16, (4, 3), generator=generator) for _ in range(4)]
+    rank = accelerator.process_index
+
+    def steps(chunk: list) -> None:
+        for tokens in chunk:
+            logits = model(tokens[rank :: accelerator.num_processes] if tokens.shape[0] > 1 else tokens)
+            accelerator.backward(logits.logsumexp(-1).mean())
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+
+    def state() -> dict:
+        return {k: v.detach().float().cpu().clone() for k, v in accelerator.get_state_dict(model).items()}
+
+    steps(batches[:2])
+    accelerator.save_state(folder)
+    steps(batches[2:])
+    uninterrupted = state()
+    continued = []
+    for _ in range(2):
+        accelerator.load_state(folder)
+        steps(batches[2:])
+        continued.append(state())
+    tied = accelerator.unwrap_model(model)
+    shares = tied.head.weight is tied.embed.weight
+    reset_shared_state()
+    return {"uninterrupted": uninterrupted, "continued": continued, "tied": shares, "lr": scheduler.get_last_lr()}
+
+
+def test_fsdp2_tied_embeddings_and_loading_twice_equal_ddp(pools, tmp_path) -> None:
+    ddp = pools(2).run(rank_tied_twice, "ddp", str(tmp_path / "ddp"))[0]
+    fsdp = pools(2).run(rank_tied_twice, "fsdp2", str(tmp_path / "fsdp"))[0]
+    assert fsdp["tied"] and ddp["tied"]
+    for result in (ddp, fsdp):
+        for continued in result["continued"]:
+            for name, value in result["uninterrupted"].items():
+                torch.testing.assert_close(continued[name], value, atol=1e-6, rtol=0)
+    for name, value in ddp["uninterrupted"].items():
+        torch.testing.assert_close(fsdp["uninterrupted"][name], value, atol=1e-5, rtol=0)
+    assert fsdp["lr"] == ddp["lr"]

@@ -297,7 +297,7 @@ def check_dcp_folder(folder: str | os.PathLike[str]) -> Any:
                         f"{info.offset + info.length}): the file was truncated or replaced"
                     )
                 # A view of the item (seekable, nothing read ahead): only its zip directory and pickle are read.
-                check_torch_stream(_create_file_view(stream, info.offset, info.length), path)
+                check_torch_stream(_create_file_view(stream, info.offset, info.length), path)  # type: ignore[arg-type]
     return metadata
 
 

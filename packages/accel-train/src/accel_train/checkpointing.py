@@ -338,6 +338,10 @@ _READ_TORCH_FILE_RE = re.compile(
 )
 
 
+#: The folders of the layout that a load reads: DCP folders and a DeepSpeed engine's tag folder.
+_READ_FOLDER_RE = re.compile(r"^(pytorch_model(_fsdp)?(_\d+)?|optimizer_\d+)$")
+
+
 def check_folder(folder: str, io_: Any) -> None:
     """Check every file a load of ``folder`` reads before anything is loaded, so that a refused file leaves
     the model and optimizer untouched: ``torch.save`` files of the layout (``io_.check_file``), DCP folders
@@ -350,8 +354,8 @@ def check_folder(folder: str, io_: Any) -> None:
     for entry in sorted(os.listdir(folder)):
         path = os.path.join(folder, entry)
         if os.path.isdir(path):
-            if entry.startswith("."):
-                continue
+            if not _READ_FOLDER_RE.match(entry):
+                continue  # a folder of the user's, moved along with the checkpoint: never read
             if os.path.isfile(os.path.join(path, ".metadata")):
                 io_.check_sharded(path)
                 continue

@@ -44,9 +44,11 @@ def _resolve(entries: tuple[tuple[str, str], ...]) -> tuple[Any, ...]:
 class DeepSpeedCheckpointIO(CheckpointIO):
     """:class:`CheckpointIO` whose file checks also allow DeepSpeed's own checkpoint types."""
 
-    @property  # type: ignore[override]
-    def allowed_globals(self) -> tuple[Any, ...]:
-        return _resolve(DEEPSPEED_CHECKPOINT_GLOBALS)
+    def check_file(self, path: str) -> None:
+        """Refuse a ``.pt`` file naming any global but tensors, plain values and DeepSpeed's checkpoint types."""
+        from accel_train.checkpoint_safety import check_torch_file
+
+        check_torch_file(path, _resolve(DEEPSPEED_CHECKPOINT_GLOBALS))
 
 
 _PARTITION_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
