@@ -314,3 +314,16 @@ def test_user_folders_inside_a_checkpoint_are_not_read(tmp_path) -> None:
     accelerator.load_state(folder)
     assert not os.path.exists(tmp_path / "marker")
     reset_shared_state()
+
+
+def test_deepspeed_partitions_of_another_process_count_are_refused_by_name(tmp_path) -> None:
+    from accel_train.strategies.deepspeed.checkpoint import check_world_size
+
+    tag = tmp_path / "pytorch_model"
+    tag.mkdir()
+    for rank in range(2):
+        (tag / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_bytes(b"")
+    check_world_size(str(tag), 2)
+    check_world_size(str(tag), None)  # no optimizer to load: nothing partitioned is read
+    with pytest.raises(ValueError, match="optimizer partitions of 2 processes, and this run has 4"):
+        check_world_size(str(tag), 4)

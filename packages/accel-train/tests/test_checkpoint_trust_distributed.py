@@ -73,7 +73,9 @@ def rank_run(backend: str, folder: str | None, save_at: int | None, load: bool) 
         plugin = FullyShardedDataParallelPlugin(
             fsdp_version=2, state_dict_type="SHARDED_STATE_DICT", auto_wrap_policy="TRANSFORMER_BASED_WRAP"
         )
-    accelerator = Accelerator(fsdp_plugin=plugin)
+    # The scheduler steps once per optimizer step (by default it steps once per process, so its count
+    # would depend on the number of processes and could not match a run on another number).
+    accelerator = Accelerator(fsdp_plugin=plugin, step_scheduler_with_optimizer=False)
     world = accelerator.num_processes
     torch.manual_seed(0)
     model = BlockNet()
