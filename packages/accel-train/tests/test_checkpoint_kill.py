@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kill_during_save.py")
 
 

@@ -19,6 +19,8 @@ from fsdp_helpers import BlockNet
 from accel_state.imports import is_deepspeed_available
 from accel_state.testing import DistributedPool, reset_shared_state
 
+pytestmark = pytest.mark.slow
+
 GLOBAL_BATCH = 8
 STEPS = 6
 SAVE_AT = 3
