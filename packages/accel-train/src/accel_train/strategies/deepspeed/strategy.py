@@ -86,10 +86,11 @@ class DeepSpeedStrategy(Strategy):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if self._checkpoint_io is None:  # the engine's files hold a few DeepSpeed types: allowed by name
-            from accel_train.strategies.deepspeed.checkpoint import DeepSpeedCheckpointIO
+        from accel_train.checkpoint_io import CheckpointIO
+        from accel_train.strategies.deepspeed.checkpoint import DeepSpeedCheckpointIO
 
-            self._checkpoint_io = DeepSpeedCheckpointIO()
+        if self._checkpoint_io is None or type(self._checkpoint_io) is CheckpointIO:
+            self._checkpoint_io = DeepSpeedCheckpointIO()  # the engine's files hold a few DeepSpeed types
         self.engines: list[Any] = []
         self.engine_wrapper: DeepSpeedEngineWrapper | None = None
         self._engine_optimizers: dict[int, Any] = {}
