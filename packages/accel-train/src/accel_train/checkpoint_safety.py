@@ -113,7 +113,8 @@ def _globals_in(data: bytes) -> list[str]:
                 found.append(f"{strings[-2]}.{strings[-1]}")
     except Exception:  # a truncated or odd pickle: report what was found so far
         pass
-    return [name for name in dict.fromkeys(found) if not name.startswith(_SAFE_GLOBAL_PREFIXES)]
+    names = [name.replace("__builtin__.", "builtins.", 1) for name in found]  # protocol 2 spells it so
+    return [name for name in dict.fromkeys(names) if not name.startswith(_SAFE_GLOBAL_PREFIXES)]
 
 
 def _is_weights_only_error(error: BaseException) -> bool:
