@@ -26,27 +26,26 @@ suffix since it is no longer a pickle).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import pickle
 import random
-from collections.abc import Mapping
+import shutil
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
 from accel_state import imports
+from accel_state.errors import UnsafeCheckpointError
 
 logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = "accel_checkpoint.json"
 FORMAT_VERSION = 1
 RNG_FORMAT = "accel-rng-1"
-
-
-class UnsafeCheckpointError(ValueError):
-    """A checkpoint file needs arbitrary code to load (a pickle of objects): refused."""
 
 
 # -- tensors and plain state dicts ------------------------------------------------------------------
@@ -59,16 +58,15 @@ def save_torch(obj: Any, path: str) -> None:
 
 def load_torch(path: str, map_location: Any = "cpu") -> Any:
     """``torch.load(weights_only=True)``: tensors and plain values only; any other pickle is refused."""
+    from accel_train.checkpoint_safety import unsafe_found
+
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
-        raise UnsafeCheckpointError(
-            f"{path} holds Python objects that loading would have to execute; accel loads checkpoints with "
-            f"torch.load(weights_only=True) and refuses it. Details: {str(error).splitlines()[0]}"
-        ) from None
+        raise UnsafeCheckpointError(path, unsafe_found(error)) from None
     except RuntimeError as error:
         if "weights_only" in str(error) or "Weights only load failed" in str(error):
-            raise UnsafeCheckpointError(f"{path} cannot be loaded safely (weights_only=True): {error}") from None
+            raise UnsafeCheckpointError(path, unsafe_found(error)) from None
         raise
 
 
@@ -315,9 +313,14 @@ class CheckpointIO:
     differently stored reader is a subclass given there.
     """
 
+    #: Classes beyond tensors and plain values that this backend's ``torch.save`` files may hold (a backend
+    #: whose own reader unpickles, DeepSpeed, lists the few types its files need; nothing else loads).
+    allowed_globals: tuple[Any, ...] = ()
+
     def save_weights(self, state_dict: Mapping[str, Any], path: str, safe_serialization: bool = True) -> None:
         """Model weights as safetensors (tied tensors once) or a ``torch.save`` zip."""
-        save_weights(state_dict, path, safe_serialization)
+        with writing(path):
+            save_weights(state_dict, path, safe_serialization)
 
     def load_weights(self, path: str, device: Any = "cpu") -> dict[str, torch.Tensor]:
         return load_weights(path, device)
@@ -328,14 +331,16 @@ class CheckpointIO:
 
     def save_object(self, obj: Any, path: str) -> None:
         """A state dict of plain values and tensors (optimizer, scheduler, loader, scaler ...)."""
-        save_torch(obj, path)
+        with writing(path):
+            save_torch(obj, path)
 
     def load_object(self, path: str, map_location: Any = "cpu") -> Any:
         return load_torch(path, map_location=map_location)
 
     def save_rng(self, path: str) -> None:
         """This process's random-number-generator states (tensors and JSON, no pickle)."""
-        save_rng(path)
+        with writing(path):
+            save_rng(path)
 
     def load_rng(self, path: str) -> None:
         load_rng(path)
@@ -367,7 +372,8 @@ class CheckpointIO:
 
     def write_manifest(self, folder: str, content: dict[str, Any]) -> None:
         """The checkpoint's manifest (``accel_checkpoint.json``), written last."""
-        write_manifest(folder, content)
+        with writing(os.path.join(folder, MANIFEST_NAME)):
+            write_manifest(folder, content)
 
     def read_manifest(self, folder: str) -> dict[str, Any] | None:
         """The manifest of ``folder`` (``None`` for a folder written by another tool)."""
@@ -379,29 +385,98 @@ class CheckpointIO:
         """Write this rank's shards of ``state`` into the DCP folder ``folder`` (collective)."""
         import torch.distributed.checkpoint as dcp
 
-        os.makedirs(folder, exist_ok=True)
-        dcp.save(state, checkpoint_id=folder)
+        with writing(folder):
+            os.makedirs(folder, exist_ok=True)
+            dcp.save(state, checkpoint_id=folder)
 
     def sharded_metadata(self, folder: str) -> Any:
-        """The ``Metadata`` of the DCP folder ``folder`` (tensor names and global shapes)."""
+        """The ``Metadata`` of the DCP folder ``folder`` (tensor names and global shapes), unpickled with
+        the allow-list of DCP's own classes."""
+        from accel_train.checkpoint_safety import read_dcp_metadata
+
+        return read_dcp_metadata(os.path.join(folder, ".metadata"))
+
+    def load_sharded(
+        self, state: dict[str, Any], folder: str, planner: Any = None, flatten_sharded_tensors: bool = True
+    ) -> None:
+        """Read the DCP folder ``folder`` into ``state`` in place, resharded to this run (collective).
+
+        The metadata is read with an allow-list and non-tensor items with ``weights_only=True`` (torch's
+        own reader unpickles both); ``planner`` (a ``DefaultLoadPlanner``) only gives its options.
+        """
         import torch.distributed.checkpoint as dcp
 
-        return dcp.FileSystemReader(folder).read_metadata()
+        from accel_train.checkpoint_safety import SafeFileSystemReader, SafeLoadPlanner
 
-    def load_sharded(self, state: dict[str, Any], folder: str, planner: Any = None) -> None:
-        """Read the DCP folder ``folder`` into ``state`` in place, resharded to this run (collective)."""
-        import torch.distributed.checkpoint as dcp
-
-        dcp.load(state, checkpoint_id=folder, planner=planner)
+        options = {"flatten_sharded_tensors": flatten_sharded_tensors}
+        if planner is not None:
+            for name in ("flatten_state_dict", "flatten_sharded_tensors", "allow_partial_load"):
+                if hasattr(planner, name):
+                    options[name] = getattr(planner, name)
+        dcp.load(state, storage_reader=SafeFileSystemReader(folder), planner=SafeLoadPlanner(**options))
 
     def load_sharded_whole(self, folder: str) -> dict[str, Any]:
-        """Every tensor of the DCP folder ``folder``, read whole on this one process (no process group)."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+        """Every tensor of the DCP folder ``folder``, read whole on this one process (no process group).
+
+        The folder is checked first (:meth:`check_sharded`), then read with the allow-list reader and a
+        planner that unpickles with ``weights_only=True``: nothing in it runs.
+        """
         from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+        from accel_train.checkpoint_safety import SafeFileSystemReader, safe_empty_planner
+
+        self.check_sharded(folder)
         state_dict: dict[str, Any] = {}
         _load_state_dict(
-            state_dict, storage_reader=dcp.FileSystemReader(folder), planner=_EmptyStateDictLoadPlanner(), no_dist=True
+            state_dict, storage_reader=SafeFileSystemReader(folder), planner=safe_empty_planner(), no_dist=True
         )
         return state_dict
+
+    # -- checks before anything is loaded ----------------------------------------------------------------
+
+    def check_file(self, path: str) -> None:
+        """Refuse a ``torch.save`` file whose pickle names anything but tensors, plain values and
+        :attr:`allowed_globals` (:class:`UnsafeCheckpointError`); reads no tensor data."""
+        from accel_train.checkpoint_safety import check_torch_file
+
+        check_torch_file(path, self.allowed_globals)
+
+    def check_sharded(self, folder: str) -> None:
+        """Refuse a DCP folder whose metadata or any item would run code, or whose files are missing."""
+        from accel_train.checkpoint_safety import check_dcp_folder
+
+        check_dcp_folder(folder)
+
+
+def _partial_folder(path: str) -> str | None:
+    """The ``.<name>.partial`` folder of a save that ``path`` lies in, if any."""
+    current = os.path.abspath(path)
+    while True:
+        name = os.path.basename(current)
+        if name.startswith(".") and name.endswith(".partial"):
+            return current
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
+
+
+@contextlib.contextmanager
+def writing(path: str) -> Iterator[None]:
+    """Turn any failure while writing ``path`` into an ``OSError`` naming it and the OS reason (disk full,
+    permission denied, file too large), and remove the partial folder of the save it belongs to: the
+    previous checkpoint was never touched and nothing half-written stays behind."""
+    try:
+        yield
+    except (TypeError, KeyError, AttributeError, UnsafeCheckpointError):
+        raise  # what is written is wrong, not where: not an I/O error
+    except BaseException as error:  # torch.distributed.checkpoint's CheckpointException is a BaseException
+        if isinstance(error, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+            raise
+        from accel_train.checkpoint_safety import write_error
+
+        failure = write_error(path, error)
+        partial = _partial_folder(path)
+        if partial is not None:
+            shutil.rmtree(partial, ignore_errors=True)
+        raise failure from error

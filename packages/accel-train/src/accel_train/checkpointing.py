@@ -10,10 +10,12 @@ Accelerator prepared, listing what is missing or extra.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
 import shutil
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -153,24 +155,62 @@ def begin(final_dir: str, is_writer: bool) -> str:
     return tmp
 
 
-def publish(tmp: str, final_dir: str) -> None:
-    """Rename the complete partial folder into place, replacing an older one of the same name."""
+def _exchange(a: str, b: str) -> bool:
+    """Swap two existing paths in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``); False where the
+    system cannot (another OS, an old kernel or file system), and the caller renames twice instead."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    result = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange)
+    if result == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, f"could not swap {b} into place: {os.strerror(code)}", b)
+
+
+def swap_into_place(tmp: str, final_dir: str, owned: Callable[[str], bool]) -> None:
+    """Put the complete folder ``tmp`` at ``final_dir``; a kill at any moment leaves the previous folder or
+    the new one there (never a mix). Entries of the previous folder that ``owned`` does not claim (files
+    the user put there) move into the new one first; the previous folder is removed only once the new one
+    is in place (where the system cannot swap atomically, it waits as ``.<name>.old``, which a load finds).
+    """
     final_dir = os.path.abspath(final_dir)
     if not os.path.exists(final_dir):
         os.rename(tmp, final_dir)
         return
     if not os.path.isdir(final_dir):
-        raise NotADirectoryError(f"cannot save a checkpoint to {final_dir}: it is a file")
+        raise NotADirectoryError(f"cannot write to {final_dir}: it is a file")
     for entry in os.listdir(final_dir):
-        # Files the user put in the folder (not part of a checkpoint) move into the new one.
-        if not _OWNED_RE.match(entry) and not os.path.exists(os.path.join(tmp, entry)):
+        if not owned(entry) and not os.path.exists(os.path.join(tmp, entry)):
             os.rename(os.path.join(final_dir, entry), os.path.join(tmp, entry))
+    if _exchange(tmp, final_dir):
+        shutil.rmtree(tmp, ignore_errors=True)  # now the previous folder
+        return
     old = _old_dir(final_dir)
     if os.path.exists(old):
         shutil.rmtree(old)
     os.rename(final_dir, old)
     os.rename(tmp, final_dir)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def publish(tmp: str, final_dir: str) -> None:
+    """Rename the complete partial folder into place, replacing an older one of the same name atomically."""
+    swap_into_place(tmp, final_dir, lambda entry: bool(_OWNED_RE.match(entry)))
+
+
+def discard(tmp: str) -> None:
+    """Remove a partial folder after a failed save (the previous checkpoint is untouched)."""
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def resolve_input_dir(input_dir: str) -> str:
@@ -290,6 +330,48 @@ def check_contents(
     return [models[i] for i in range(num_models)]
 
 
+#: The ``torch.save`` files of the layout that a load reads (``random_states_{rank}.pkl`` of other tools
+#: is never read, so never checked).
+_READ_TORCH_FILE_RE = re.compile(
+    r"^(pytorch_model(_\d+)?\.bin|(optimizer|scheduler|sampler|dl_state_dict)(_\d+)?\.bin|scaler\.pt"
+    r"|custom_checkpoint_\d+\.pkl|pytorch_model_fsdp_\d+_rank\d+\.bin)$"
+)
+
+
+#: The folders of the layout that a load reads: DCP folders and a DeepSpeed engine's tag folder.
+_READ_FOLDER_RE = re.compile(r"^(pytorch_model(_fsdp)?(_\d+)?|optimizer_\d+)$")
+
+
+def check_folder(folder: str, io_: Any) -> None:
+    """Check every file a load of ``folder`` reads before anything is loaded, so that a refused file leaves
+    the model and optimizer untouched: ``torch.save`` files of the layout (``io_.check_file``), DCP folders
+    (``io_.check_sharded``: metadata and every item) and a backend's own sub-folders (every ``.pt`` /
+    ``.bin`` / ``.pkl`` in them, a DeepSpeed tag for example).
+
+    Raises:
+        UnsafeCheckpointError: a file would run code when unpickled (named, with what it asks for).
+    """
+    for entry in sorted(os.listdir(folder)):
+        path = os.path.join(folder, entry)
+        if os.path.isdir(path):
+            if not _READ_FOLDER_RE.match(entry):
+                continue  # a folder of the user's, moved along with the checkpoint: never read
+            if os.path.isfile(os.path.join(path, ".metadata")):
+                io_.check_sharded(path)
+                continue
+            for root, dirs, files in os.walk(path):
+                dirs.sort()
+                if ".metadata" in files:
+                    io_.check_sharded(root)
+                    dirs[:] = []
+                    continue
+                for name in sorted(files):
+                    if name.endswith((".pt", ".bin", ".pkl", ".pth")):
+                        io_.check_file(os.path.join(root, name))
+        elif _READ_TORCH_FILE_RE.match(entry):
+            io_.check_file(path)
+
+
 def to_device(obj: Any, device: Any) -> Any:
     from accel_state.nested import send_to_device
 
@@ -401,6 +483,7 @@ def read_objects(
         strict: every model key must match.
     """
     io_ = strategy.checkpoint_io
+    check_folder(folder, io_)
     for model, entry in zip(objects.models, model_entries):
         strategy.load_model_checkpoint(model, folder, entry, device, strict=strict)
     for index, optimizer in enumerate(objects.optimizers):

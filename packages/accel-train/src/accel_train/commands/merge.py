@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
             remove_checkpoint_dir=args.remove_checkpoint_dir,
             max_shard_size=_size(args.max_shard_size),
         )
-    except (FileNotFoundError, ValueError) as error:
+    except (OSError, ValueError) as error:  # UnsafeCheckpointError is a ValueError; disk full an OSError
         print(f"accel merge-weights: {error}", file=sys.stderr)
         return 2
     print(f"Merged weights written to {target}")

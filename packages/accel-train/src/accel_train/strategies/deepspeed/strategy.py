@@ -85,6 +85,11 @@ class DeepSpeedStrategy(Strategy):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        from accel_train.checkpoint_io import CheckpointIO
+        from accel_train.strategies.deepspeed.checkpoint import DeepSpeedCheckpointIO
+
+        if self._checkpoint_io is None or type(self._checkpoint_io) is CheckpointIO:
+            self._checkpoint_io = DeepSpeedCheckpointIO()  # the engine's files hold a few DeepSpeed types
         self.engines: list[Any] = []
         self.engine_wrapper: DeepSpeedEngineWrapper | None = None
         self._engine_optimizers: dict[int, Any] = {}
@@ -418,6 +423,9 @@ class DeepSpeedStrategy(Strategy):
         if _is_frozen_zero3(engine) and os.path.isfile(frozen):
             load_zero3_state_dict(engine.module, self.checkpoint_io.load_weights(frozen, "cpu"), strict)
             return
+        from accel_train.strategies.deepspeed.checkpoint import check_world_size
+
+        check_world_size(os.path.join(folder, entry), engine.dp_world_size if engine.optimizer is not None else None)
         self.checkpoint_io.load_engine(engine, folder, entry, strict=strict)
 
     def save_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, is_writer: bool) -> str | None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -56,22 +58,62 @@ def merge_fsdp_weights(
         state_dict = io.load_sharded_whole(checkpoint_dir)
         if set(state_dict) == {"model"} and isinstance(state_dict["model"], dict):
             state_dict = state_dict["model"]
-        os.makedirs(output_path, exist_ok=True)
-        if max_shard_size is not None:
-            from accel_bigmodel.sharding import save_sharded
-
-            save_sharded(state_dict, output_path, max_shard_size=max_shard_size, safe_serialization=safe_serialization)
-            index = target + ".index.json"
-            target = index if os.path.isfile(index) else target
-        else:
-            tmp = target + ".partial"
-            io.save_weights(state_dict, tmp, safe_serialization=safe_serialization)
-            os.replace(tmp, target)
+        target = _write_atomically(state_dict, output_path, name, safe_serialization, max_shard_size)
         logger.info("merged %d tensors from %s into %s", len(state_dict), checkpoint_dir, target)
         if remove_checkpoint_dir:
             shutil.rmtree(checkpoint_dir)
     _barrier()
     return target
+
+
+_MERGE_OUTPUT_RE = re.compile(
+    r"^(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?$|^(model|pytorch_model)\.(safetensors|bin)\.index\.json$"
+)
+
+
+def _write_atomically(
+    state_dict: dict[str, Any], output_path: str, name: str, safe_serialization: bool, max_shard_size: Any
+) -> str:
+    """Write the merged weights into a hidden sibling folder, then swap it into ``output_path`` in one step:
+    a kill at any moment leaves the previous output (all its shards and index) or the new one, never a mix.
+    Weights files of a previous merge go with the previous folder, after the new one is in place; other
+    files of ``output_path`` (a ``config.json``) move into the new folder. Returns the written file (or index).
+    """
+    from accel_train import checkpointing
+    from accel_train.checkpoint_io import writing
+
+    output_path = os.path.abspath(output_path)
+    parent = os.path.dirname(output_path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = checkpointing.partial_dir(output_path)
+    if os.path.exists(tmp):
+        shutil.rmtree(tmp)
+    target = os.path.join(tmp, name)
+    with writing(target):
+        os.makedirs(tmp)
+        if max_shard_size is not None:
+            from accel_bigmodel.sharding import save_sharded
+
+            save_sharded(state_dict, tmp, max_shard_size=max_shard_size, safe_serialization=safe_serialization)
+            index = target + ".index.json"
+            target = index if os.path.isfile(index) else target
+        else:
+            from accel_train import checkpoint_io as io
+
+            io.save_weights(state_dict, target, safe_serialization=safe_serialization)
+        _fsync_folder(tmp)
+        checkpointing.swap_into_place(tmp, output_path, lambda entry: bool(_MERGE_OUTPUT_RE.match(entry)))
+    return os.path.join(output_path, os.path.basename(target))
+
+
+def _fsync_folder(folder: str) -> None:
+    """Flush the files of ``folder`` to disk before it replaces the previous output (a power cut after the
+    swap must not find empty files)."""
+    for entry in os.listdir(folder):
+        path = os.path.join(folder, entry)
+        if os.path.isfile(path):
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
 
 
 def _is_main_process() -> bool:

@@ -1,0 +1,329 @@
+"""Checkpoint trust: a crafted pickle in any position of any backend's checkpoint runs nothing and changes
+nothing; merge-weights refuses it too; write errors name the path and the OS reason and leave nothing
+partial. (One process: FSDP and DCP checkpoints are written by a single-process FSDP run; the two-process
+and DeepSpeed cases are in ``test_checkpoint_trust_distributed.py``.)"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+from fsdp_helpers import BlockNet, regression_batches
+
+from accel_state.errors import UnsafeCheckpointError
+from accel_state.testing import reset_shared_state
+
+
+class Exploit:
+    """Writes a marker file when unpickled (what a crafted checkpoint does)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('ran')",))
+
+
+def _accelerator(sharded: bool):
+    reset_shared_state()
+    from accel_train import Accelerator, FullyShardedDataParallelPlugin
+
+    if not sharded:
+        return Accelerator(cpu=True)
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="SHARDED_STATE_DICT")
+    return Accelerator(cpu=True, fsdp_plugin=plugin)
+
+
+def _trained(accelerator, steps: int = 2, seed: int = 0):
+    torch.manual_seed(seed)
+    model = BlockNet()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    for x, y in regression_batches(steps, 8, seed=seed):
+        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    return model, optimizer, scheduler
+
+
+def _more(accelerator, model, optimizer) -> None:
+    for x, y in regression_batches(1, 8, seed=5):
+        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _snapshot(accelerator, model, optimizer) -> tuple[dict, dict]:
+    params = {k: v.detach().clone() for k, v in accelerator.get_state_dict(model).items()}
+    opt = {
+        id_: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+        for id_, s in enumerate(optimizer.optimizer.state.values())
+    }
+    return params, opt
+
+
+def _assert_same(before: tuple[dict, dict], after: tuple[dict, dict]) -> None:
+    for name, value in before[0].items():
+        assert torch.equal(after[0][name], value), f"parameter {name} changed"
+    assert before[1].keys() == after[1].keys()
+    for index, state in before[1].items():
+        for key, value in state.items():
+            assert torch.equal(torch.as_tensor(after[1][index][key]), torch.as_tensor(value)), f"optimizer {key}"
+
+
+def _crafted_pickle(path: str, marker: str) -> None:
+    with open(path, "wb") as handle:
+        pickle.dump(Exploit(marker), handle)
+
+
+def _crafted_dcp_item(folder: str, marker: str) -> None:
+    """Rewrite the DCP folder with the same items, one non-tensor item replaced by a crafted object."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    state: dict = {}
+    _load_state_dict(
+        state, storage_reader=dcp.FileSystemReader(folder), planner=_EmptyStateDictLoadPlanner(), no_dist=True
+    )
+    top = next(iter(state.values()))
+    if "param_groups" in top:  # an optimizer folder: its learning rate becomes the crafted object
+        top["param_groups"][0]["lr"] = Exploit(marker)
+    else:
+        top["crafted"] = Exploit(marker)
+    for name in os.listdir(folder):
+        os.remove(os.path.join(folder, name))
+    dcp.save(state, checkpoint_id=folder, no_dist=True)
+
+
+@pytest.mark.parametrize(
+    ("sharded", "position"),
+    [
+        (True, "pytorch_model_fsdp_0/.metadata"),
+        (True, "optimizer_0/.metadata"),
+        (True, "optimizer_0/item"),
+        (True, "pytorch_model_fsdp_0/item"),
+        (True, "scheduler.bin"),
+        (False, "optimizer.bin"),
+        (False, "scheduler.bin"),
+    ],
+)
+def test_crafted_file_runs_nothing_and_changes_nothing(tmp_path, sharded: bool, position: str) -> None:
+    accelerator = _accelerator(sharded)
+    model, optimizer, _ = _trained(accelerator)
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+    marker = str(tmp_path / "marker")
+    target = os.path.join(folder, position)
+    if position.endswith("/item"):
+        _crafted_dcp_item(os.path.dirname(target), marker)
+        named = os.path.dirname(target)
+    else:
+        _crafted_pickle(target, marker)
+        named = target
+    _more(accelerator, model, optimizer)  # so that a load would visibly change the model and the optimizer
+    before = _snapshot(accelerator, model, optimizer)
+    with pytest.raises(UnsafeCheckpointError) as raised:
+        accelerator.load_state(folder)
+    assert not os.path.exists(marker), "the crafted pickle ran"
+    assert named in str(raised.value) or raised.value.path.startswith(named)
+    assert "GLOBAL" in raised.value.found or "exec" in raised.value.found
+    _assert_same(before, _snapshot(accelerator, model, optimizer))
+    reset_shared_state()
+
+
+def test_unsafe_error_is_a_value_error_naming_file_and_finding() -> None:
+    error = UnsafeCheckpointError("/ckpt/optimizer.bin", "GLOBAL builtins.exec")
+    assert isinstance(error, ValueError)
+    assert "/ckpt/optimizer.bin" in str(error) and "GLOBAL builtins.exec" in str(error)
+    assert pickle.loads(pickle.dumps(error)).path == error.path
+
+
+def test_sharded_checkpoint_still_loads_and_is_readable_by_torch(tmp_path) -> None:
+    """The checks refuse nothing DCP writes, and the layout stays DCP's own (torch reads it unaided)."""
+    accelerator = _accelerator(True)
+    model, optimizer, _ = _trained(accelerator)
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+    saved = _snapshot(accelerator, model, optimizer)
+    _more(accelerator, model, optimizer)
+    accelerator.load_state(folder)
+    _assert_same(saved, _snapshot(accelerator, model, optimizer))
+    import torch.distributed.checkpoint as dcp
+
+    metadata = dcp.FileSystemReader(os.path.join(folder, "pytorch_model_fsdp_0")).read_metadata()
+    assert any(key.startswith("model.") for key in metadata.state_dict_metadata)
+    reset_shared_state()
+
+
+def test_merge_weights_refuses_crafted_folder(tmp_path, capsys) -> None:
+    from accel_train.commands.merge import main
+
+    accelerator = _accelerator(True)
+    _trained(accelerator)
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+    reset_shared_state()
+    marker = str(tmp_path / "marker")
+    model_dir = os.path.join(folder, "pytorch_model_fsdp_0")
+    out = str(tmp_path / "merged")
+    assert main([model_dir, out]) == 0  # the genuine folder merges
+    for position in ("metadata", "item"):
+        if position == "metadata":
+            _crafted_pickle(os.path.join(model_dir, ".metadata"), marker)
+        else:
+            accelerator = _accelerator(True)
+            _trained(accelerator)
+            accelerator.save_state(folder)
+            reset_shared_state()
+            _crafted_dcp_item(model_dir, marker)
+        before = sorted(os.listdir(out))
+        assert main([model_dir, out, "--max_shard_size", "1KB"]) == 2
+        assert "accel merge-weights:" in capsys.readouterr().err
+        assert not os.path.exists(marker)
+        assert sorted(os.listdir(out)) == before, "a refused merge changed the previous output"
+
+
+@contextlib.contextmanager
+def _mount(path: str, options: str):
+    """A small tmpfs at ``path`` (root only); skips the test where mounting is not allowed."""
+    os.makedirs(path, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", path], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", path], capture_output=True)
+
+
+_SAVE_SCRIPT = """
+import os, resource, signal, sys, torch
+from accel_train import Accelerator
+a = Accelerator(cpu=True)
+torch.manual_seed(int(sys.argv[2]))
+model = torch.nn.Linear(256, 256)
+optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+model, optimizer = a.prepare(model, optimizer)
+model(torch.randn(2, 256)).sum().backward(); optimizer.step()
+if len(sys.argv) > 3:  # a file-size limit: writes past it fail with EFBIG (as a full disk fails with ENOSPC)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[3]), int(sys.argv[3])))
+try:
+    a.save_state(sys.argv[1])
+    print("SAVED")
+except OSError as e:
+    print("ERROR", e)
+"""
+
+
+def _save(folder: str, seed: int, limit: int | None = None) -> str:
+    args = [sys.executable, "-c", _SAVE_SCRIPT, folder, str(seed)] + ([str(limit)] if limit else [])
+    result = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert "SAVED" in result.stdout or "ERROR" in result.stdout, result.stdout + result.stderr[-3000:]
+    return result.stdout
+
+
+def _weights(folder: str) -> torch.Tensor:
+    from accel_train.checkpoint_io import load_weights
+
+    return load_weights(os.path.join(folder, "model.safetensors"))["weight"]
+
+
+def test_save_to_read_only_folder_names_path_and_reason(tmp_path) -> None:
+    """A read-only folder: the error names the path and the reason; nothing is left behind."""
+    target = str(tmp_path / "locked")
+    if os.geteuid() == 0:  # root writes through permissions: a read-only mount
+        context = _mount(target, "ro,size=1m")
+        reason = "Read-only file system"
+    else:
+        os.makedirs(target)
+        os.chmod(target, 0o555)
+        context = contextlib.nullcontext(target)
+        reason = "Permission denied"
+    with context:
+        out = _save(os.path.join(target, "ckpt"), 0)
+        assert out.startswith("ERROR") and reason in out and target in out, out
+        assert os.listdir(target) == []
+
+
+@pytest.mark.parametrize("kind", ["disk_full", "file_size_limit"])
+def test_save_on_full_disk_names_path_and_reason_and_keeps_previous(tmp_path, kind: str) -> None:
+    """Disk full (a 2 MB tmpfs, root only) or a file-size limit (RLIMIT_FSIZE) during save_state over an
+    earlier checkpoint: the error names the file and the OS reason, no partial folder stays, the earlier
+    checkpoint loads as it was."""
+    base = str(tmp_path / "disk")
+    context = _mount(base, "size=2m") if kind == "disk_full" else contextlib.nullcontext(base)
+    with context:
+        os.makedirs(base, exist_ok=True)
+        folder = os.path.join(base, "ckpt")
+        assert _save(folder, 0).startswith("SAVED")
+        previous = _weights(folder)
+        if kind == "disk_full":
+            stats = os.statvfs(base)
+            with open(os.path.join(base, "filler"), "wb") as handle:  # leave less than a checkpoint free
+                handle.write(b"\0" * (stats.f_bavail * stats.f_frsize - 300 * 1024))
+            out = _save(folder, 1)
+            assert "No space left on device" in out, out
+        else:
+            out = _save(folder, 1, limit=100_000)
+            assert "File too large" in out, out
+        assert out.startswith("ERROR") and os.path.join(base, ".ckpt.partial") in out, out
+        assert sorted(os.listdir(base)) == sorted(["ckpt"] + (["filler"] if kind == "disk_full" else []))
+        assert torch.equal(_weights(folder), previous)
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_sharded_folder_naming_missing_or_shorter_files_is_refused(tmp_path, damage: str) -> None:
+    """A DCP folder whose metadata names a data file that is gone, or shorter than recorded (a mix of two
+    saves, a copy cut short), is refused before anything is loaded."""
+    accelerator = _accelerator(True)
+    model, optimizer, _ = _trained(accelerator)
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+    data = os.path.join(folder, "optimizer_0", "__0_0.distcp")
+    if damage == "missing":
+        os.remove(data)
+    else:
+        with open(data, "r+b") as handle:
+            handle.truncate(os.path.getsize(data) // 2)
+    _more(accelerator, model, optimizer)
+    before = _snapshot(accelerator, model, optimizer)
+    error = FileNotFoundError if damage == "missing" else ValueError
+    with pytest.raises(error, match="__0_0.distcp"):
+        accelerator.load_state(folder)
+    _assert_same(before, _snapshot(accelerator, model, optimizer))
+    reset_shared_state()
+
+
+def test_user_folders_inside_a_checkpoint_are_not_read(tmp_path) -> None:
+    """Only the layout's files are checked and read: a folder of the user's kept in the checkpoint is left alone."""
+    accelerator = _accelerator(False)
+    _trained(accelerator)
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+    os.makedirs(os.path.join(folder, "notes"))
+    _crafted_pickle(os.path.join(folder, "notes", "mine.pkl"), str(tmp_path / "marker"))
+    accelerator.load_state(folder)
+    assert not os.path.exists(tmp_path / "marker")
+    reset_shared_state()
+
+
+def test_deepspeed_partitions_of_another_process_count_are_refused_by_name(tmp_path) -> None:
+    from accel_train.strategies.deepspeed.checkpoint import check_world_size
+
+    tag = tmp_path / "pytorch_model"
+    tag.mkdir()
+    for rank in range(2):
+        (tag / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_bytes(b"")
+    check_world_size(str(tag), 2)
+    check_world_size(str(tag), None)  # no optimizer to load: nothing partitioned is read
+    with pytest.raises(ValueError, match="optimizer partitions of 2 processes, and this run has 4"):
+        check_world_size(str(tag), 4)
