@@ -208,7 +208,9 @@ def prepare_data_loader(
     # A random sampler that is sharded gets its own generator, so that shuffling is the same on every
     # process and an epoch's order can be replayed when resuming. In one process (or when dispatching)
     # it keeps drawing from torch's global generator at each epoch, as in the documented system: the
-    # same seed then gives the same batches and every later random draw stays in step.
+    # same seed then gives the same batches and every later random draw stays in step. A loader that
+    # opted in to resuming at the saved batch (use_stateful_dataloader=True) owns its generator too, so
+    # that the saved position replays exactly.
     sampler: Any = get_sampler(dataloader)
     if not is_iterable and isinstance(sampler, RandomSampler):
         if use_seedable_sampler and not isinstance(sampler, SeedableRandomSampler):
@@ -222,7 +224,7 @@ def prepare_data_loader(
             )
             new_batch_sampler = _with_sampler(batch_sampler, seeded)
             sampler = seeded
-        elif not use_seedable_sampler and sampler.generator is None and shard:
+        elif not use_seedable_sampler and sampler.generator is None and (shard or use_stateful_dataloader):
             owned = copy.copy(sampler)
             owned.generator = torch.Generator().manual_seed(_shared_seed())
             new_batch_sampler = _with_sampler(batch_sampler, owned)
