@@ -131,6 +131,9 @@ class DeepSpeedPlugin:
                 )
             dsc.fill_auto(config, self._field_values())
             self.hf_ds_config.set_stage_and_offload()  # the stage is known now that "auto" is filled
+            stage = config["zero_optimization"].get("stage")
+            if isinstance(stage, int) and not isinstance(stage, bool):
+                self.zero_stage = stage  # the field answers from the resolved config, as documented
         else:
             self.hf_ds_config = HfDeepSpeedConfig(
                 dsc.config_from_fields(
@@ -147,22 +150,25 @@ class DeepSpeedPlugin:
         #: The DeepSpeed config dict (the one the engine receives; prepare fills its "auto" values).
         self.deepspeed_config: dict[str, Any] = self.hf_ds_config.config
         self.deepspeed_config["steps_per_print"] = float("inf")  # DeepSpeed prints nothing on its own
-        init_in_code = self.zero3_init_flag is not None
         if self.zero3_init_flag is None:
             self.zero3_init_flag = env_value("ACCELERATE_DEEPSPEED_ZERO3_INIT", None)
         if self.zero3_init_flag is None:
             self.zero3_init_flag = self.hf_ds_config.is_zero3()
         if self.zero3_init_flag and not self.hf_ds_config.is_zero3():
             stage = self.hf_ds_config.get_value("zero_optimization.stage")
-            if init_in_code:
-                raise ValueError(f"{_NAME}.zero3_init_flag needs ZeRO stage 3, but the stage is {stage}")
-            # From a launch config (the documented ZeRO-2 example sets it): not applicable, so off.
+            # One rule for code and the launcher (the documented ZeRO-2 launch example sets it): not
+            # applicable, so off with a warning, as the documented system does.
             logger.warning("zero3_init_flag applies to ZeRO stage 3 only (stage is %s); it is turned off", stage)
             self.zero3_init_flag = False
         if self.enable_msamp and "msamp" not in self.deepspeed_config:
             self.deepspeed_config["msamp"] = {"enabled": True, "opt_level": self.msamp_opt_level or "O1"}
         self.selected = False
         self._dschf: Any = None
+
+    def is_zero3_init_enabled(self) -> bool:
+        """Whether models are built partitioned under ``deepspeed.zero.Init`` (ZeRO-3 with
+        ``zero3_init_flag``); a config left ``"auto"`` until ``prepare`` answers from its stage then."""
+        return bool(self.zero3_init_flag) and self.hf_ds_config.is_zero3()
 
     # -- reading the config ---------------------------------------------------------------------------
 

@@ -259,10 +259,8 @@ class FullyShardedDataParallelPlugin:
         """
         from accel_train.strategies.fsdp.wrap import fsdp1_auto_wrap_policy
 
-        if (
-            self.auto_wrap_policy is None
-            or (callable(self.auto_wrap_policy)
-            and not isinstance(self.auto_wrap_policy, str))
+        if self.auto_wrap_policy is None or (
+            callable(self.auto_wrap_policy) and not isinstance(self.auto_wrap_policy, str)
         ):
             return
         self.auto_wrap_policy = fsdp1_auto_wrap_policy(model, self)
