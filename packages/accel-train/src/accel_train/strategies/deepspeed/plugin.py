@@ -243,17 +243,33 @@ class DeepSpeedPlugin:
         so that ``from_pretrained`` builds models under ``deepspeed.zero.Init`` while ZeRO-3 init is on.
 
         accel does not depend on Transformers: a script that never imported it has nothing to register.
+        Transformers' own ``HfDeepSpeedConfig`` is built only when it can be (it needs the ``accelerate``
+        package, real or provided by ``ACCEL_PROVIDE_ACCELERATE``); otherwise accel registers its own
+        config object, which answers the two questions Transformers asks (``is_zero3()``, ``config``).
+        Transformers' global state is never left pointing at a half-built object.
         """
+        import importlib
         import sys
 
-        transformers = sys.modules.get("transformers")
-        if transformers is None:
+        if "transformers" not in sys.modules:
             return
         try:
-            config_class = transformers.integrations.HfDeepSpeedConfig
-        except (AttributeError, ImportError):  # pragma: no cover - a Transformers without the integration
+            integration = importlib.import_module("transformers.integrations.deepspeed")
+        except ImportError:  # pragma: no cover - a Transformers without the integration
             return
-        self._dschf = config_class(_init_config(self.deepspeed_config))
+        config = _init_config(self.deepspeed_config)
+        if getattr(integration, "DeepSpeedConfig", object) is not object:
+            try:
+                self._dschf = integration.HfDeepSpeedConfig(config)
+                return
+            except Exception as error:  # its version checks: fall back to accel's object below
+                logger.info(
+                    "transformers' HfDeepSpeedConfig could not be built (%s); accel's config is registered", error
+                )
+        from accel_train.strategies.deepspeed.utils import HfDeepSpeedConfig
+
+        self._dschf = HfDeepSpeedConfig(config)
+        integration.set_hf_deepspeed_config(self._dschf)
 
     def set_moe_leaf_modules(self, model: Any) -> None:
         """Mark the MoE layers named in ``transformer_moe_cls_names`` as ZeRO-3 leaf modules."""
