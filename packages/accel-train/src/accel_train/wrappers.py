@@ -80,10 +80,10 @@ def compile_regions(model: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.M
 
     def walk(module: torch.nn.Module) -> None:
         for name, child in list(module.named_children()):
-            if id(child) in repeated:
+            if id(child) in repeated and isinstance(child, torch.nn.ModuleList):
                 for index, block in enumerate(child):
                     if not is_compiled(block):
-                        child[index] = torch.compile(block, **compile_kwargs)  # type: ignore[index]
+                        child[index] = torch.compile(block, **compile_kwargs)  # type: ignore[assignment]
             elif id(child) in holders:
                 walk(child)
             elif not is_compiled(child) and any(True for _ in child.parameters()):
@@ -104,7 +104,7 @@ def compile_regions_in_place(model: torch.nn.Module, **compile_kwargs: Any) -> t
 
     def walk(module: torch.nn.Module) -> None:
         for child in module.children():
-            if id(child) in repeated:
+            if id(child) in repeated and isinstance(child, torch.nn.ModuleList):
                 for block in child:
                     block.compile(**compile_kwargs)
             elif id(child) in holders:
