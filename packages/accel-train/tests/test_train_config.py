@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from torch.distributed.fsdp import ShardingStrategy
 
 from accel_train.kwargs_handlers import (
     AutocastKwargs,
@@ -104,7 +105,9 @@ def test_project_configuration(tmp_path) -> None:
 
 
 def test_parallel_plugins_validate() -> None:
-    assert FullyShardedDataParallelPlugin(sharding_strategy="full_shard").sharding_strategy == "FULL_SHARD"
+    assert (
+        FullyShardedDataParallelPlugin(sharding_strategy="full_shard").sharding_strategy == ShardingStrategy.FULL_SHARD
+    )
     with pytest.raises(ValueError, match="sharding_strategy"):
         FullyShardedDataParallelPlugin(sharding_strategy="HALF_SHARD")
     with pytest.raises(ValueError, match="fsdp_version"):

@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 from fsdp_helpers import Block, BlockNet
+from torch.distributed.fsdp import CPUOffloadPolicy, StateDictType
 
 from accel_state.environment import patch_environment
 from accel_train import FullyShardedDataParallelPlugin
@@ -27,7 +28,6 @@ from accel_train.fsdp_wrap import (
     [
         ({"fsdp_version": 2, "sharding_strategy": "FULL_SHARD"}, "sharding_strategy is FSDP1 only"),
         ({"fsdp_version": 1, "reshard_after_forward": True}, "reshard_after_forward is FSDP2 only"),
-        ({"fsdp_version": 2, "backward_prefetch": "BACKWARD_PRE"}, "backward_prefetch is FSDP1 only"),
         ({"fsdp_version": 2, "state_dict_type": "LOCAL_STATE_DICT"}, "LOCAL_STATE_DICT is FSDP1 only"),
         ({"fsdp_version": 2, "use_orig_params": False}, "use_orig_params=False is FSDP1 only"),
         ({"fsdp_version": 3}, "fsdp_version=3 is not valid"),
@@ -78,8 +78,8 @@ def test_plugin_reads_the_launcher_environment() -> None:
     assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is False
     assert plugin.auto_wrap_policy == "TRANSFORMER_BASED_WRAP"
     assert plugin.transformer_cls_names_to_wrap == ["Block", "Other"]
-    assert plugin.state_dict_type == "FULL_STATE_DICT"
-    assert plugin.cpu_offload is True and plugin.activation_checkpointing is True
+    assert plugin.state_dict_type == StateDictType.FULL_STATE_DICT
+    assert isinstance(plugin.cpu_offload, CPUOffloadPolicy) and plugin.activation_checkpointing is True
     assert plugin.cpu_ram_efficient_loading is True
     assert overridden.reshard_after_forward is True
 
@@ -90,8 +90,8 @@ def test_plugin_picks_the_wrap_policy_from_code_values() -> None:
     )
     assert FullyShardedDataParallelPlugin(min_num_params=10).auto_wrap_policy == "SIZE_BASED_WRAP"
     assert FullyShardedDataParallelPlugin().auto_wrap_policy is None
-    assert FullyShardedDataParallelPlugin(fsdp_version=2).state_dict_type == "SHARDED_STATE_DICT"
-    assert FullyShardedDataParallelPlugin(fsdp_version=1).state_dict_type == "FULL_STATE_DICT"
+    assert FullyShardedDataParallelPlugin(fsdp_version=2).state_dict_type == StateDictType.SHARDED_STATE_DICT
+    assert FullyShardedDataParallelPlugin(fsdp_version=1).state_dict_type == StateDictType.FULL_STATE_DICT
 
 
 # -- wrap rules -------------------------------------------------------------------------------------

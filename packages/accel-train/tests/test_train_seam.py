@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy, StateDictType
 
 from accel_state.enums import DistributedType
 from accel_train import Accelerator, connector
@@ -305,14 +306,14 @@ def test_fsdp_plugin_reads_every_launcher_variable(monkeypatch: pytest.MonkeyPat
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     plugin = FullyShardedDataParallelPlugin()
-    assert plugin.fsdp_version == 1 and plugin.sharding_strategy == "SHARD_GRAD_OP"
-    assert plugin.cpu_offload is True and plugin.min_num_params == 2000
+    assert plugin.fsdp_version == 1 and plugin.sharding_strategy == ShardingStrategy.SHARD_GRAD_OP
+    assert plugin.cpu_offload.offload_params is True and plugin.min_num_params == 2000
     assert plugin.auto_wrap_policy == "SIZE_BASED_WRAP" and plugin.transformer_cls_names_to_wrap == ["Block", "Layer"]
-    assert plugin.backward_prefetch == "BACKWARD_POST" and plugin.forward_prefetch is True
-    assert plugin.state_dict_type == "SHARDED_STATE_DICT" and plugin.use_orig_params is False
+    assert plugin.backward_prefetch == BackwardPrefetch.BACKWARD_POST and plugin.forward_prefetch is True
+    assert plugin.state_dict_type == StateDictType.SHARDED_STATE_DICT and plugin.use_orig_params is False
     assert plugin.cpu_ram_efficient_loading and plugin.sync_module_states and plugin.activation_checkpointing
     # What the script sets wins over the environment.
-    assert FullyShardedDataParallelPlugin(sharding_strategy="NO_SHARD").sharding_strategy == "NO_SHARD"
+    assert FullyShardedDataParallelPlugin(sharding_strategy="NO_SHARD").sharding_strategy == ShardingStrategy.NO_SHARD
 
 
 def test_fsdp2_plugin_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -320,18 +321,18 @@ def test_fsdp2_plugin_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("FSDP_RESHARD_AFTER_FORWARD", "false")
     plugin = FullyShardedDataParallelPlugin()
     assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is False
-    assert plugin.sharding_strategy is None and plugin.state_dict_type == "SHARDED_STATE_DICT"
+    assert plugin.sharding_strategy is None and plugin.state_dict_type == StateDictType.SHARDED_STATE_DICT
 
 
 def test_fsdp_plugin_defaults_without_a_launcher() -> None:
     plugin = FullyShardedDataParallelPlugin()
     assert (plugin.fsdp_version, plugin.sharding_strategy, plugin.state_dict_type) == (
         1,
-        "FULL_SHARD",
-        "FULL_STATE_DICT",
+        ShardingStrategy.FULL_SHARD,
+        StateDictType.FULL_STATE_DICT,
     )
     assert plugin.use_orig_params and plugin.sync_module_states and not plugin.cpu_ram_efficient_loading
-    assert FullyShardedDataParallelPlugin(sharding_strategy=4).sharding_strategy == "HYBRID_SHARD"
+    assert FullyShardedDataParallelPlugin(sharding_strategy=4).sharding_strategy == ShardingStrategy.HYBRID_SHARD
 
 
 @pytest.mark.parametrize(
@@ -340,7 +341,6 @@ def test_fsdp_plugin_defaults_without_a_launcher() -> None:
         ({"sharding_strategy": "HALF_SHARD"}, "sharding_strategy='HALF_SHARD' is not valid; choose one of"),
         ({"fsdp_version": 2, "sharding_strategy": "FULL_SHARD"}, "sharding_strategy is FSDP1 only"),
         ({"fsdp_version": 1, "reshard_after_forward": True}, "reshard_after_forward is FSDP2 only"),
-        ({"fsdp_version": 2, "backward_prefetch": "BACKWARD_PRE"}, "backward_prefetch is FSDP1 only"),
         ({"fsdp_version": 2, "state_dict_type": "LOCAL_STATE_DICT"}, "LOCAL_STATE_DICT is FSDP1 only"),
         ({"state_dict_type": "PARTIAL"}, "state_dict_type='PARTIAL' is not valid"),
         ({"auto_wrap_policy": "layer_wrap"}, "auto_wrap_policy='LAYER_WRAP' is not valid"),

@@ -174,6 +174,22 @@ def _dynamo(dynamo_backend: Any, dynamo_plugin: Any) -> TorchDynamoPlugin:
     return dynamo_plugin  # type: ignore[no-any-return]
 
 
+def _refuse_second_deepspeed(deepspeed: Any) -> None:
+    """As documented, the first Accelerator carries every DeepSpeed plugin of the process; a later one
+    given its own would be silently ignored by the shared state, so it is refused."""
+    from accel_state.state import PartialState
+
+    shared = AcceleratorState._shared_state
+    live = shared.get("_initialized") and PartialState._shared_state.get("_initialized")
+    if deepspeed is not None and live and shared.get("deepspeed_plugins"):
+        raise NotImplementedError(
+            "a DeepSpeed plugin cannot be given to a second Accelerator in the same process: the state already "
+            f"holds {sorted(shared['deepspeed_plugins'])}. Give all plugins to the first one "
+            "(`Accelerator(deepspeed_plugins={'a': ..., 'b': ...})`), create the second with `Accelerator()` and "
+            "switch with `accelerator.state.select_deepspeed_plugin(name)`"
+        )
+
+
 def build(
     *,
     mixed_precision: Any = None,
@@ -200,6 +216,7 @@ def build(
     plugins = _plugins(
         deepspeed_plugin, deepspeed_plugins, fsdp_plugin, megatron_lm_plugin, torch_tp_plugin, parallelism_config
     )
+    _refuse_second_deepspeed(plugins["deepspeed_plugin"])
     dynamo = _dynamo(dynamo_backend, dynamo_plugin)
     init_kwargs = handlers["init_handler"].to_kwargs() if handlers["init_handler"] is not None else {}
     state = AcceleratorState(

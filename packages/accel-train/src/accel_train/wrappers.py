@@ -51,36 +51,68 @@ def repeated_block_lists(model: torch.nn.Module) -> list[torch.nn.ModuleList]:
     ]
 
 
+def _regions(model: torch.nn.Module) -> tuple[list[torch.nn.ModuleList], set[int]]:
+    """The repeated block lists of ``model`` and the ids of every module holding one (to walk into)."""
+    lists = repeated_block_lists(model)
+    inside = {id(m) for m in lists}
+    holders = {id(m) for m in model.modules() if any(id(sub) in inside for sub in m.modules())}
+    return lists, holders
+
+
 def compile_regions(model: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
-    """Compile each block of a ``ModuleList`` of identical blocks once (same code, reused graphs).
+    """Compile each block of a ``ModuleList`` of identical blocks once (same code, reused graphs), and
+    every other child on the way (an embedding, a final norm, a ``head``) on its own.
 
     Compiling one block and reusing its graph for the siblings is much faster than compiling the whole
-    model. Blocks already compiled are left as they are.
+    model. Modules already compiled are left as they are.
 
     Args:
-        model: the model; its repeated blocks are replaced by compiled modules.
+        model: the model; its repeated blocks and the children beside them are replaced by compiled modules.
         **compile_kwargs: passed to ``torch.compile``.
 
     Returns:
         ``model`` itself, or the whole model compiled when it has no repeated blocks.
     """
-    lists = repeated_block_lists(model)
-    for module in lists:
-        for index, block in enumerate(module):
-            if not is_compiled(block):
-                module[index] = torch.compile(block, **compile_kwargs)  # type: ignore[assignment]
-    return model if lists else torch.compile(model, **compile_kwargs)  # type: ignore[return-value]
+    lists, holders = _regions(model)
+    if not lists:
+        return torch.compile(model, **compile_kwargs)  # type: ignore[return-value]
+    repeated = {id(m) for m in lists}
+
+    def walk(module: torch.nn.Module) -> None:
+        for name, child in list(module.named_children()):
+            if id(child) in repeated and isinstance(child, torch.nn.ModuleList):
+                for index, block in enumerate(child):
+                    if not is_compiled(block):
+                        child[index] = torch.compile(block, **compile_kwargs)  # type: ignore[assignment]
+            elif id(child) in holders:
+                walk(child)
+            elif not is_compiled(child) and any(True for _ in child.parameters()):
+                setattr(module, name, torch.compile(child, **compile_kwargs))
+
+    walk(model)
+    return model
 
 
 def compile_regions_in_place(model: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
     """Like :func:`compile_regions`, but with ``nn.Module.compile``: every module keeps its identity, as
     a DeepSpeed engine or FSDP2-sharded modules need. Returns ``model``."""
-    lists = repeated_block_lists(model)
+    lists, holders = _regions(model)
     if not lists:
         model.compile(**compile_kwargs)
-    for module in lists:
-        for block in module:
-            block.compile(**compile_kwargs)
+        return model
+    repeated = {id(m) for m in lists}
+
+    def walk(module: torch.nn.Module) -> None:
+        for child in module.children():
+            if id(child) in repeated and isinstance(child, torch.nn.ModuleList):
+                for block in child:
+                    block.compile(**compile_kwargs)
+            elif id(child) in holders:
+                walk(child)
+            elif any(True for _ in child.parameters()):
+                child.compile(**compile_kwargs)
+
+    walk(model)
     return model
 
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "AUTO",
@@ -351,9 +354,10 @@ def resolve_batch_sizes(
 ) -> int:
     """Fill the batch-size and accumulation ``"auto"`` values; returns the accumulation steps in force.
 
-    ``micro`` is the per-process batch size of the prepared loaders (``None``: none prepared). When
-    ``training``, a concrete ``train_micro_batch_size_per_gpu`` that differs from it is an error, as
-    is a concrete ``train_batch_size`` that is not ``micro * accumulation * world_size``.
+    ``micro`` is the per-process batch size of the prepared loaders (``None``: none prepared). A
+    concrete ``train_micro_batch_size_per_gpu`` that differs from it wins, with a warning (as
+    documented); a concrete ``train_batch_size`` that is not ``micro * accumulation * world_size`` is
+    an error.
     """
     fill_auto(config, {"gradient_accumulation_steps": accumulation_steps})
     steps = get_value(config, "gradient_accumulation_steps", 1)
@@ -362,9 +366,12 @@ def resolve_batch_sizes(
     if configured is _MISSING and get_value(config, "train_batch_size", _MISSING) is _MISSING:
         configured = AUTO  # neither batch key given: the loader's, as for "auto"
     if training and micro is not None and configured not in (_MISSING, AUTO) and int(configured) != micro:
-        raise ValueError(
-            f"the DeepSpeed config sets train_micro_batch_size_per_gpu={configured}, but the prepared DataLoader "
-            f'gives each process batches of {micro}; make them agree (or set the config value to "auto")'
+        # As documented, the config wins: the engine counts samples by its own micro batch size.
+        logger.warning(
+            "the DeepSpeed config sets train_micro_batch_size_per_gpu=%s, but the prepared DataLoader gives each "
+            'process batches of %s; the config\'s value is used (set it to "auto" to follow the DataLoader)',
+            configured,
+            micro,
         )
     if configured == AUTO:
         if micro is None:

@@ -131,6 +131,9 @@ class DeepSpeedPlugin:
                 )
             dsc.fill_auto(config, self._field_values())
             self.hf_ds_config.set_stage_and_offload()  # the stage is known now that "auto" is filled
+            stage = config["zero_optimization"].get("stage")
+            if isinstance(stage, int) and not isinstance(stage, bool):
+                self.zero_stage = stage  # the field answers from the resolved config, as documented
         else:
             self.hf_ds_config = HfDeepSpeedConfig(
                 dsc.config_from_fields(
@@ -147,22 +150,25 @@ class DeepSpeedPlugin:
         #: The DeepSpeed config dict (the one the engine receives; prepare fills its "auto" values).
         self.deepspeed_config: dict[str, Any] = self.hf_ds_config.config
         self.deepspeed_config["steps_per_print"] = float("inf")  # DeepSpeed prints nothing on its own
-        init_in_code = self.zero3_init_flag is not None
         if self.zero3_init_flag is None:
             self.zero3_init_flag = env_value("ACCELERATE_DEEPSPEED_ZERO3_INIT", None)
         if self.zero3_init_flag is None:
             self.zero3_init_flag = self.hf_ds_config.is_zero3()
         if self.zero3_init_flag and not self.hf_ds_config.is_zero3():
             stage = self.hf_ds_config.get_value("zero_optimization.stage")
-            if init_in_code:
-                raise ValueError(f"{_NAME}.zero3_init_flag needs ZeRO stage 3, but the stage is {stage}")
-            # From a launch config (the documented ZeRO-2 example sets it): not applicable, so off.
+            # One rule for code and the launcher (the documented ZeRO-2 launch example sets it): not
+            # applicable, so off with a warning, as the documented system does.
             logger.warning("zero3_init_flag applies to ZeRO stage 3 only (stage is %s); it is turned off", stage)
             self.zero3_init_flag = False
         if self.enable_msamp and "msamp" not in self.deepspeed_config:
             self.deepspeed_config["msamp"] = {"enabled": True, "opt_level": self.msamp_opt_level or "O1"}
         self.selected = False
         self._dschf: Any = None
+
+    def is_zero3_init_enabled(self) -> bool:
+        """Whether models are built partitioned under ``deepspeed.zero.Init`` (ZeRO-3 with
+        ``zero3_init_flag``); a config left ``"auto"`` until ``prepare`` answers from its stage then."""
+        return bool(self.zero3_init_flag) and self.hf_ds_config.is_zero3()
 
     # -- reading the config ---------------------------------------------------------------------------
 
@@ -237,17 +243,33 @@ class DeepSpeedPlugin:
         so that ``from_pretrained`` builds models under ``deepspeed.zero.Init`` while ZeRO-3 init is on.
 
         accel does not depend on Transformers: a script that never imported it has nothing to register.
+        Transformers' own ``HfDeepSpeedConfig`` is built only when it can be (it needs the ``accelerate``
+        package, real or provided by ``ACCEL_PROVIDE_ACCELERATE``); otherwise accel registers its own
+        config object, which answers the two questions Transformers asks (``is_zero3()``, ``config``).
+        Transformers' global state is never left pointing at a half-built object.
         """
+        import importlib
         import sys
 
-        transformers = sys.modules.get("transformers")
-        if transformers is None:
+        if "transformers" not in sys.modules:
             return
         try:
-            config_class = transformers.integrations.HfDeepSpeedConfig
-        except (AttributeError, ImportError):  # pragma: no cover - a Transformers without the integration
+            integration = importlib.import_module("transformers.integrations.deepspeed")
+        except ImportError:  # pragma: no cover - a Transformers without the integration
             return
-        self._dschf = config_class(_init_config(self.deepspeed_config))
+        config = _init_config(self.deepspeed_config)
+        if getattr(integration, "DeepSpeedConfig", object) is not object:
+            try:
+                self._dschf = integration.HfDeepSpeedConfig(config)
+                return
+            except Exception as error:  # its version checks: fall back to accel's object below
+                logger.info(
+                    "transformers' HfDeepSpeedConfig could not be built (%s); accel's config is registered", error
+                )
+        from accel_train.strategies.deepspeed.utils import HfDeepSpeedConfig
+
+        self._dschf = HfDeepSpeedConfig(config)
+        integration.set_hf_deepspeed_config(self._dschf)
 
     def set_moe_leaf_modules(self, model: Any) -> None:
         """Mark the MoE layers named in ``transformer_moe_cls_names`` as ZeRO-3 leaf modules."""

@@ -55,8 +55,13 @@ ND_REFUSED: dict[str, str] = {
 def offload_wanted(plugin: Any, device: torch.device) -> bool:
     """Whether the plugin asks for CPU offload of parameters; off, with a warning, when they already
     live on the CPU (no accelerator)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
     offload = getattr(plugin, "cpu_offload", None)
-    wanted = bool(getattr(offload, "offload_params", offload))
+    if isinstance(offload, OffloadPolicy):  # FSDP2's objects: OffloadPolicy() is "no offload"
+        wanted = isinstance(offload, CPUOffloadPolicy)
+    else:
+        wanted = bool(getattr(offload, "offload_params", offload))
     if wanted and device.type == "cpu":
         logger.warning(
             "FSDP cpu_offload / offload_params has no effect here: the parameters already live on the CPU "

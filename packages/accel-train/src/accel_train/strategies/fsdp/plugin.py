@@ -2,15 +2,43 @@
 
 from __future__ import annotations
 
+import enum
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from accel_state.enums import FSDPAutoWrapPolicy, FSDPBackwardPrefetch, FSDPShardingStrategy, FSDPStateDictType
 from accel_train.plugin_env import env_value, fill_from_env
 
-__all__ = ["FullyShardedDataParallelPlugin"]
+__all__ = ["FullyShardedDataParallelPlugin", "setting_name"]
 
 _NAME = "FullyShardedDataParallelPlugin"
+logger = logging.getLogger(__name__)
+
+_PRECISION_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "no": "float32", "fp8": "bfloat16"}
+
+
+def setting_name(value: Any) -> str | None:
+    """The documented name of a choice field held as torch's enum, our enum or a string
+    (``ShardingStrategy._HYBRID_SHARD_ZERO2`` -> ``"HYBRID_SHARD_ZERO2"``); ``None`` stays ``None``."""
+    if value is None:
+        return None
+    if isinstance(value, enum.Enum):
+        return value.name.lstrip("_")
+    return str(value)
+
+
+def _torch_choice(field: str, name: str | None) -> Any:
+    """torch's FSDP enum member for a parsed choice name (``NO_PREFETCH`` is torch's ``None``)."""
+    from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy, StateDictType
+
+    if name is None:
+        return None
+    if field == "sharding_strategy":
+        return ShardingStrategy[name if name in ShardingStrategy.__members__ else f"_{name}"]
+    if field == "backward_prefetch":
+        return None if name == "NO_PREFETCH" else BackwardPrefetch[name]
+    return StateDictType[name]
 
 
 def _parse(enum_type: Any, field: str, value: Any) -> Any:
@@ -76,7 +104,10 @@ class FullyShardedDataParallelPlugin:
             raise ValueError(f"{_NAME}: reshard_after_forward is FSDP2 only; with fsdp_version=1 use sharding_strategy")
         if version == 1:
             fill_from_env(self, {"sharding_strategy": ("FSDP_SHARDING_STRATEGY", "FULL_SHARD")})
-            self.sharding_strategy = _parse(FSDPShardingStrategy, "sharding_strategy", self.sharding_strategy)
+            self.sharding_strategy = _torch_choice(
+                "sharding_strategy",
+                setting_name(_parse(FSDPShardingStrategy, "sharding_strategy", self.sharding_strategy)),
+            )
         elif self.reshard_after_forward is None:
             raw = env_value("FSDP_RESHARD_AFTER_FORWARD", "true")
             self.reshard_after_forward = str(raw).strip().lower() in ("1", "true", "yes", "y", "on")
@@ -104,12 +135,15 @@ class FullyShardedDataParallelPlugin:
             self.cpu_offload = env_value("FSDP_OFFLOAD_PARAMS", None)
             if self.cpu_offload is None:
                 self.cpu_offload = env_value("FSDP_CPU_OFFLOAD", False)
-        self.backward_prefetch = _parse(FSDPBackwardPrefetch, "backward_prefetch", self.backward_prefetch)
-        if version == 2 and self.backward_prefetch not in (None, "NO_PREFETCH"):
-            raise ValueError(f"{_NAME}: backward_prefetch is FSDP1 only (FSDP2 prefetches by itself); remove it")
-        self.state_dict_type = _parse(FSDPStateDictType, "state_dict_type", self.state_dict_type)
-        if version == 2 and self.state_dict_type == "LOCAL_STATE_DICT":
-            raise ValueError(f"{_NAME}: state_dict_type=LOCAL_STATE_DICT is FSDP1 only; use SHARDED_STATE_DICT")
+        prefetch = setting_name(_parse(FSDPBackwardPrefetch, "backward_prefetch", self.backward_prefetch))
+        if version == 2 and prefetch not in (None, "NO_PREFETCH"):
+            # As the documented system: FSDP2 prefetches by itself, so the setting is dropped with a warning.
+            logger.warning(
+                "%s: backward_prefetch=%s is FSDP1 only (FSDP2 prefetches by itself); ignored", _NAME, prefetch
+            )
+            prefetch = None
+        self.backward_prefetch = _torch_choice("backward_prefetch", prefetch)
+        self.set_state_dict_type(self.state_dict_type)
         if isinstance(self.auto_wrap_policy, str):
             self.auto_wrap_policy = _parse(FSDPAutoWrapPolicy, "auto_wrap_policy", self.auto_wrap_policy.upper())
         if self.min_num_params is not None and self.min_num_params < 0:
@@ -126,6 +160,8 @@ class FullyShardedDataParallelPlugin:
                 self.auto_wrap_policy = "SIZE_BASED_WRAP"
         if self.auto_wrap_policy == "SIZE_BASED_WRAP" and self.min_num_params is None:
             self.min_num_params = 100_000_000
+        self.validate_mixed_precision_policy()
+        self.set_cpu_offload()
         if self.cpu_ram_efficient_loading and not self.sync_module_states:
             raise ValueError(
                 f"{_NAME}: cpu_ram_efficient_loading=True needs sync_module_states=True (ranks other than 0 start "
@@ -162,4 +198,151 @@ class FullyShardedDataParallelPlugin:
             raise ValueError(
                 f"{_NAME}: use_orig_params=False is FSDP1 only (FSDP2 always trains the original parameters); "
                 "remove it or set fsdp_version=1"
+            )
+
+    # -- the documented methods --------------------------------------------------------------------
+
+    def set_state_dict_type(self, state_dict_type: Any = None) -> None:
+        """Set how the model's state dict is taken and saved, with torch's matching configs.
+
+        ``save_state`` writes sharded files for ``SHARDED_STATE_DICT`` (and ``LOCAL_STATE_DICT``, FSDP1)
+        and one full file for ``FULL_STATE_DICT``; call it with ``"FULL_STATE_DICT"`` after training
+        sharded to save the final model whole.
+
+        Args:
+            state_dict_type: a name of :class:`accel_state.enums.FSDPStateDictType` (any case, or its
+                1-based number) or torch's ``StateDictType``; ``None`` takes ``FSDP_STATE_DICT_TYPE``, else
+                ``FULL_STATE_DICT`` for FSDP1 and ``SHARDED_STATE_DICT`` for FSDP2.
+
+        Raises:
+            ValueError: an unknown name, or ``LOCAL_STATE_DICT`` with FSDP2.
+        """
+        from torch.distributed.fsdp import (
+            FullOptimStateDictConfig,
+            FullStateDictConfig,
+            ShardedOptimStateDictConfig,
+            ShardedStateDictConfig,
+        )
+
+        if state_dict_type is None:
+            default = "FULL_STATE_DICT" if self.fsdp_version == 1 else "SHARDED_STATE_DICT"
+            state_dict_type = env_value("FSDP_STATE_DICT_TYPE", default)
+        name = setting_name(_parse(FSDPStateDictType, "state_dict_type", state_dict_type))
+        if self.fsdp_version == 2 and name == "LOCAL_STATE_DICT":
+            raise ValueError(f"{_NAME}: state_dict_type=LOCAL_STATE_DICT is FSDP1 only; use SHARDED_STATE_DICT")
+        self.state_dict_type = _torch_choice("state_dict_type", name)
+        if name == "FULL_STATE_DICT":
+            if self.state_dict_config is None or isinstance(self.state_dict_config, ShardedStateDictConfig):
+                self.state_dict_config = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
+            if self.optim_state_dict_config is None or isinstance(
+                self.optim_state_dict_config, ShardedOptimStateDictConfig
+            ):
+                self.optim_state_dict_config = FullOptimStateDictConfig(offload_to_cpu=True, rank0_only=True)
+        elif name == "SHARDED_STATE_DICT":
+            if self.state_dict_config is None or isinstance(self.state_dict_config, FullStateDictConfig):
+                self.state_dict_config = ShardedStateDictConfig(offload_to_cpu=True)
+            if self.optim_state_dict_config is None or isinstance(
+                self.optim_state_dict_config, FullOptimStateDictConfig
+            ):
+                self.optim_state_dict_config = ShardedOptimStateDictConfig(offload_to_cpu=True)
+
+    def set_auto_wrap_policy(self, model: Any) -> None:
+        """Turn the named wrap policy into torch's callable for ``model``.
+
+        Args:
+            model: the model to wrap; ``TRANSFORMER_BASED_WRAP`` resolves ``transformer_cls_names_to_wrap``
+                (else the model's ``_no_split_modules``) against its submodule classes.
+
+        Raises:
+            ValueError: a class name that is not a submodule class of ``model`` (the error lists those
+                it has).
+        """
+        from accel_train.strategies.fsdp.wrap import fsdp1_auto_wrap_policy
+
+        if self.auto_wrap_policy is None or (
+            callable(self.auto_wrap_policy) and not isinstance(self.auto_wrap_policy, str)
+        ):
+            return
+        self.auto_wrap_policy = fsdp1_auto_wrap_policy(model, self)
+
+    def set_mixed_precision(self, mixed_precision: Any, buffer_autocast: bool = False, override: bool = False) -> None:
+        """Build the mixed-precision policy of torch's FSDP version from one mode or dtype.
+
+        Args:
+            mixed_precision: ``"fp16"``, ``"bf16"``, ``"fp32"``/``"no"`` or a ``torch.dtype``.
+            buffer_autocast: FSDP1 only: keep buffers in float32 instead of casting them too.
+            override: replace a policy already set (by default an existing policy wins).
+
+        Raises:
+            ValueError: an unknown mode.
+        """
+        import torch
+        from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+
+        if isinstance(mixed_precision, torch.dtype):
+            dtype = mixed_precision
+        else:
+            key = str(mixed_precision).lower()
+            if key not in _PRECISION_DTYPES:
+                raise ValueError(
+                    f"{_NAME}.set_mixed_precision({mixed_precision!r}): unknown mode; choose one of "
+                    f"{sorted(_PRECISION_DTYPES)} or a torch.dtype"
+                )
+            dtype = getattr(torch, _PRECISION_DTYPES[key])
+        if self.mixed_precision_policy is not None and not override:
+            return
+        if self.fsdp_version == 1:
+            buffer = torch.float32 if buffer_autocast else dtype
+            self.mixed_precision_policy = MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=buffer)
+        else:
+            self.mixed_precision_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
+
+    def validate_mixed_precision_policy(self) -> None:
+        """Turn a dict or dtype name given as ``mixed_precision_policy`` into torch's object of the
+        FSDP version (``MixedPrecision`` for 1, ``MixedPrecisionPolicy`` for 2).
+
+        Raises:
+            ValueError: a policy of the other version, an unknown key or dtype name.
+            TypeError: anything else.
+        """
+        from accel_train.strategies.fsdp.wrap import fsdp1_mixed_precision, fsdp2_mixed_precision_policy
+
+        if self.mixed_precision_policy is None:
+            return
+        build = fsdp1_mixed_precision if self.fsdp_version == 1 else fsdp2_mixed_precision_policy
+        self.mixed_precision_policy = build(self.mixed_precision_policy, (None, None, None))
+
+    def set_cpu_offload(self) -> None:
+        """Turn a bool ``cpu_offload`` into torch's object of the FSDP version (``CPUOffload`` for 1,
+        ``CPUOffloadPolicy``/``OffloadPolicy`` for 2); torch's objects are kept."""
+        from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy, OffloadPolicy
+
+        offload = self.cpu_offload
+        if isinstance(offload, (CPUOffload, OffloadPolicy)):
+            self.validate_cpu_offload()
+            return
+        wanted = (
+            str(offload).strip().lower() in ("1", "true", "yes", "y", "on")
+            if isinstance(offload, str)
+            else bool(offload)
+        )
+        if self.fsdp_version == 1:
+            self.cpu_offload = CPUOffload(offload_params=wanted)
+        else:
+            self.cpu_offload = CPUOffloadPolicy() if wanted else OffloadPolicy()
+
+    def validate_cpu_offload(self) -> None:
+        """Check that ``cpu_offload`` is torch's object of the FSDP version.
+
+        Raises:
+            ValueError: ``CPUOffload`` with FSDP2 or an ``OffloadPolicy`` with FSDP1, or another type.
+        """
+        from torch.distributed.fsdp import CPUOffload, OffloadPolicy
+
+        want = CPUOffload if self.fsdp_version == 1 else OffloadPolicy
+        if not isinstance(self.cpu_offload, want):
+            raise ValueError(
+                f"{_NAME}.cpu_offload={self.cpu_offload!r} does not fit fsdp_version={self.fsdp_version}; give "
+                f"{'CPUOffload(offload_params=...)' if self.fsdp_version == 1 else 'CPUOffloadPolicy() or OffloadPolicy()'}"
+                " or a bool"
             )

@@ -29,6 +29,7 @@ from accel_train.precisions.base import Precision
 from accel_train.strategies.base import CheckpointEntry, ParallelDims, Strategy
 from accel_train.strategies.fsdp import fsdp2
 from accel_train.strategies.fsdp import state as fsdp_state
+from accel_train.strategies.fsdp.plugin import setting_name
 from accel_train.strategies.fsdp.wrap import (
     canonical_name,
     fsdp1_auto_wrap_policy,
@@ -89,6 +90,12 @@ class FSDPStrategy(Strategy):
         # id(original parameter) -> FSDP1 model whose flat parameters replace it (use_orig_params=False)
         self._flattened: dict[int, tuple[Any, torch.nn.Module]] = {}
         self._mesh: Any = None
+        # The precision's dtypes are known now: the plugin holds torch's policy, as the documented API does.
+        if self.plugin.mixed_precision_policy is None:
+            dtypes = self.precision.mixed_precision_dtypes()
+            if any(d is not None for d in dtypes):
+                build = fsdp1_mixed_precision if self.fsdp_version == 1 else fsdp2.fsdp2_mixed_precision_policy
+                self.plugin.mixed_precision_policy = build(None, dtypes)
 
     # -- connector hooks --------------------------------------------------------------------------
 
@@ -391,7 +398,7 @@ class FSDPStrategy(Strategy):
 
     @property
     def _sharded_checkpoints(self) -> bool:
-        return str(self.plugin.state_dict_type) != "FULL_STATE_DICT"
+        return setting_name(self.plugin.state_dict_type) != "FULL_STATE_DICT"
 
     def checkpoint_entries(self) -> dict[str, CheckpointEntry]:
 
@@ -434,7 +441,7 @@ class FSDPStrategy(Strategy):
         if not self._sharded_checkpoints:
             return super().save_model_checkpoint(model, weights, folder, index, safe_serialization, is_writer)
         name = ckpt.sharded_model_dir(index)
-        local = str(self.plugin.state_dict_type) == "LOCAL_STATE_DICT"
+        local = setting_name(self.plugin.state_dict_type) == "LOCAL_STATE_DICT"
         fsdp_state.save_sharded_model(_inner(model), os.path.join(folder, name), local=local, io=self.checkpoint_io)
         return name
 
@@ -445,7 +452,7 @@ class FSDPStrategy(Strategy):
 
         path = os.path.join(folder, entry)
         if os.path.isdir(path):
-            local = str(self.plugin.state_dict_type) == "LOCAL_STATE_DICT"
+            local = setting_name(self.plugin.state_dict_type) == "LOCAL_STATE_DICT"
             fsdp_state.load_sharded_model(_inner(model), path, strict=strict, local=local, io=self.checkpoint_io)
             return
         weights = self.checkpoint_io.load_weights(path, "cpu")

@@ -23,6 +23,7 @@ import torch
 from accel_train import checkpointing as ckpt
 from accel_train.strategies.fsdp import state as fsdp_state
 from accel_train.strategies.fsdp.merge import merge_fsdp_weights
+from accel_train.strategies.fsdp.plugin import setting_name
 from accel_train.strategies.fsdp.wrap import canonical_name, resolve_wrap_classes
 
 __all__ = [
@@ -58,11 +59,11 @@ def disable_fsdp_ram_efficient_loading() -> None:
 
 
 def _sharded(fsdp_plugin: Any) -> bool:
-    return str(fsdp_plugin.state_dict_type) != "FULL_STATE_DICT"
+    return setting_name(fsdp_plugin.state_dict_type) != "FULL_STATE_DICT"
 
 
 def _local(fsdp_plugin: Any) -> bool:
-    return str(fsdp_plugin.state_dict_type) == "LOCAL_STATE_DICT"
+    return setting_name(fsdp_plugin.state_dict_type) == "LOCAL_STATE_DICT"
 
 
 def _model_file(index: int) -> str:

@@ -30,6 +30,7 @@ import torch
 from accel_train.strategies.base import CheckpointEntry, ParallelDims, Strategy
 from accel_train.strategies.fsdp import fsdp2
 from accel_train.strategies.fsdp import state as fsdp_state
+from accel_train.strategies.fsdp.plugin import setting_name
 from accel_train.strategies.fsdp.wrap import canonical_name
 
 __all__ = ["NDParallelStrategy"]
@@ -79,9 +80,9 @@ class NDParallelStrategy(Strategy):
                         f"(ND parallelism): {why}. Unset {field}, or use the FSDP strategy without tensor / "
                         "context parallelism"
                     )
-            if str(fsdp.state_dict_type) != "SHARDED_STATE_DICT":
+            if setting_name(fsdp.state_dict_type) != "SHARDED_STATE_DICT":
                 raise ValueError(
-                    f"FullyShardedDataParallelPlugin.state_dict_type={fsdp.state_dict_type} is not supported with "
+                    f"FullyShardedDataParallelPlugin.state_dict_type={setting_name(fsdp.state_dict_type)} is not supported with "
                     "ParallelismConfig (ND parallelism): its checkpoints are sharded torch.distributed.checkpoint "
                     "folders. Use SHARDED_STATE_DICT (the FSDP2 default); get a full state dict with "
                     "accelerator.get_state_dict(model)"
