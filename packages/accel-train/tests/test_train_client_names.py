@@ -21,7 +21,7 @@ def test_gather_for_metrics_returns_a_0_dim_value_unchanged_on_the_last_short_ba
 
 
 def test_get_parameters_from_modules_by_modules_by_name_and_none() -> None:
-    from accel.utils.fsdp_utils import get_parameters_from_modules
+    from accel_train.fsdp_utils import get_parameters_from_modules
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
     assert get_parameters_from_modules(None, model, "cpu") == set()
@@ -35,7 +35,7 @@ def test_get_parameters_from_modules_by_modules_by_name_and_none() -> None:
 def test_get_parameters_from_modules_rejects_a_bad_expression() -> None:
     import re
 
-    from accel.utils.fsdp_utils import get_parameters_from_modules
+    from accel_train.fsdp_utils import get_parameters_from_modules
 
     with pytest.raises(re.error):
         get_parameters_from_modules("(", torch.nn.Linear(1, 1), "cpu")

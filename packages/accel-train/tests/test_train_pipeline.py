@@ -145,7 +145,11 @@ def rank_train(
     result = {
         "losses": losses,
         "state": accelerator.get_state_dict(model),
-        "dims": (accelerator.data_parallel_rank, accelerator._strategy.parallel_dims.pp_rank),
+        # the rank along whichever data-parallel dimension is active (data_parallel_rank is dp_replicate's)
+        "dims": (
+            accelerator.data_parallel_rank + accelerator.data_parallel_shard_rank,
+            accelerator._strategy.parallel_dims.pp_rank,
+        ),
         "eval": None,
     }
     with torch.no_grad():
