@@ -207,7 +207,7 @@ def clients(session: nox.Session) -> None:
     sentence-transformers compared with the figures of the same runs on the documented system
     (integration_tests/clients/reference, tools/record_client_reference.py), on accel through the
     ``accelerate`` alias."""
-    _install_local(session, *ORDER, extras={"accel": "test"})
+    _install_local(session, *ORDER, extras={"accel": "test", "accel-train": "deepspeed"})
     session.install(*_constraints(), CLIENT_PINS["transformers"])
     # peft, trl, diffusers' training and sentence-transformers' training require the real accelerate,
     # which accel stands in for: the clients without it, their other needs by hand
@@ -220,6 +220,15 @@ def clients(session: nox.Session) -> None:
     )  # fmt: skip
     session.run("python", "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('accelerate') is not None)")
     _pytest(session, "clients", str(ROOT / "integration_tests" / "clients"))
+    # accel-train's tests that need transformers beside DeepSpeed / tensor parallelism (skipped in its
+    # own session, which has no transformers)
+    train_tests = DISTS["accel-train"]["path"] / "tests"
+    _pytest(
+        session,
+        "clients-train",
+        str(train_tests / "test_train_deepspeed_transformers.py"),
+        str(train_tests / "test_train_tp_transformers_plans.py"),
+    )
 
 
 @nox.session(tags=["ci"])
