@@ -95,6 +95,11 @@ class LaunchPlan:
         extra: Settings of the mode that are not launch options.
         defaulted_env: Variables of `env` whose value is only the launcher's default; a value the user
             exported wins.
+        sources: Where each launch option's value came from (`flag --x`, `config file <path>`,
+            `environment PET_NNODES`, `chosen by the launcher (...)` or `default`).
+        warnings: Things the user should know about this launch (a flag that does nothing here, a
+            fall-back taken).
+        scheduler: The scheduler whose variables filled in the topology (`slurm`, `kubernetes`), if any.
     """
 
     mode: str
