@@ -61,11 +61,21 @@ def _summary(obj: object) -> str:
     return doc.strip().split("\n\n")[0].replace("\n", " ")
 
 
+def _source_module(module: str) -> str:
+    """The module whose file defines ``module``'s code: an old path that accel-train keeps as an alias of a
+    moved module (``accel_train.deepspeed_utils``) has no file of its own for the docs tool to read."""
+    try:
+        from accel_train import MOVED_MODULES
+    except ImportError:
+        return module
+    return MOVED_MODULES.get(module, module)
+
+
 def identifier_of(obj: object, module: str, name: str) -> str:
     """Where ``obj`` is defined (``module.qualname``); a constant is known by the module exporting it."""
     if callable(obj) and getattr(obj, "__module__", None) and getattr(obj, "__qualname__", None):
-        return f"{obj.__module__}.{obj.__qualname__}"
-    return f"{module}.{name}"
+        return f"{_source_module(obj.__module__)}.{obj.__qualname__}"
+    return f"{_source_module(module)}.{name}"
 
 
 def accelerator_identifier() -> str:

@@ -116,8 +116,8 @@ def test_parallel_plugins_validate() -> None:
         FullyShardedDataParallelPlugin(fsdp_version=2, sharding_strategy="FULL_SHARD")
     with pytest.raises(ValueError, match="zero_stage"):
         DeepSpeedPlugin(zero_stage=4)
-    with pytest.raises(ValueError, match="zero3_init_flag"):
-        DeepSpeedPlugin(zero_stage=2, zero3_init_flag=True)
+    # as documented: zero3_init_flag below ZeRO-3 is turned off (with a warning), from code as from the launcher
+    assert DeepSpeedPlugin(zero_stage=2, zero3_init_flag=True).zero3_init_flag is False
     with pytest.raises(ValueError, match="offload_optimizer_device"):
         DeepSpeedPlugin(offload_optimizer_device="gpu")
     with pytest.raises(ValueError, match="tp_degree"):
