@@ -32,6 +32,12 @@ class AcceleratedScheduler:
         self.gradient_state = GradientState()
 
     def step(self, *args: Any, **kwargs: Any) -> None:
+        """Step the wrapped scheduler if its optimizers really stepped.
+
+        Args:
+            *args: positional arguments passed on to the wrapped scheduler's ``step``.
+            **kwargs: keyword arguments passed on to the wrapped scheduler's ``step``.
+        """
         if not self.step_with_optimizer:
             self.scheduler.step(*args, **kwargs)
             return
@@ -52,18 +58,47 @@ class AcceleratedScheduler:
             self.scheduler.step(*args, **kwargs)
 
     def get_last_lr(self) -> Any:
+        """Return the last learning rates computed by the wrapped scheduler.
+
+        Returns:
+            The learning rate of each parameter group.
+        """
         return self.scheduler.get_last_lr()
 
     def state_dict(self) -> dict[str, Any]:
+        """Return the wrapped scheduler's state.
+
+        Returns:
+            The state dictionary of the wrapped scheduler.
+        """
         return self.scheduler.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state into the wrapped scheduler.
+
+        Args:
+            state_dict: a state as returned by ``state_dict``.
+        """
         self.scheduler.load_state_dict(state_dict)
 
     def get_lr(self) -> Any:
+        """Compute the learning rates with the wrapped scheduler.
+
+        Returns:
+            The learning rate of each parameter group.
+        """
         return self.scheduler.get_lr()
 
     def print_lr(self, *args: Any, **kwargs: Any) -> Any:
+        """Print the current learning rate through the wrapped scheduler.
+
+        Args:
+            *args: positional arguments passed on to the wrapped scheduler's ``print_lr``.
+            **kwargs: keyword arguments passed on to the wrapped scheduler's ``print_lr``.
+
+        Returns:
+            What the wrapped scheduler's ``print_lr`` returned.
+        """
         return self.scheduler.print_lr(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
