@@ -16,6 +16,13 @@ class AcceleratedScheduler:
     optimizer step when batches are not split, since each process saw its own batch; on accumulation
     steps it does not step (with ``adjust_scheduler``, only its step count advances); when an fp16
     step was skipped on overflow it does not step either.
+
+    Args:
+        scheduler: the learning-rate scheduler to wrap.
+        optimizers: the optimizer (or list of optimizers) the scheduler follows.
+        step_with_optimizer: step the scheduler only when the optimizers step (default `True`).
+        split_batches: whether batches are split across processes, in which case the scheduler is
+            stepped once per optimizer step rather than ``num_processes`` times (default `False`).
     """
 
     def __init__(
