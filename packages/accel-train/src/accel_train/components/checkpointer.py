@@ -143,7 +143,7 @@ class Checkpointer:
         Args:
             output_dir: the folder to write; ignored with automatic checkpoint naming (default `None`).
             safe_serialization: write model weights as safetensors rather than pickles (default `True`).
-            **save_model_func_kwargs: extra options for saving the model weights.
+            **save_model_func_kwargs: accepted for compatibility with the documented signature; not used here.
 
         Returns:
             The folder the checkpoint was written to.
