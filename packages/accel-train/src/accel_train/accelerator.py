@@ -79,6 +79,39 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
 
     Every argument is optional; the launch configuration (``accel launch`` or the environment)
     supplies the rest. See the reference of each argument in the documentation.
+
+    Args:
+        device_placement: move prepared models and batches to the run's device (default `True`).
+        split_batches: split each batch of the data loaders across processes instead of giving each
+            process its own batch; when unset, the value of ``dataloader_config`` is kept.
+        mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``; `None` takes the launch configuration.
+        gradient_accumulation_steps: number of steps to accumulate gradients over before the
+            optimizer steps (default `1`); used with :meth:`accumulate`.
+        cpu: run on the CPU even when an accelerator is available (default `False`).
+        dataloader_config: a ``DataLoaderConfiguration`` for how data loaders are prepared (default `None`).
+        deepspeed_plugin: a ``DeepSpeedPlugin`` (or dict of them) configuring DeepSpeed (default `None`).
+        fsdp_plugin: a ``FullyShardedDataParallelPlugin`` configuring FSDP (default `None`).
+        torch_tp_plugin: a ``TorchTensorParallelPlugin`` configuring tensor parallelism (default `None`).
+        megatron_lm_plugin: a ``MegatronLMPlugin`` configuring Megatron-LM (default `None`).
+        rng_types: the random number generators synchronized at the start of each epoch of the
+            prepared data loaders (default `None`, meaning ``["generator"]``).
+        log_with: the tracker(s) to log to: names, ``"all"`` or ``GeneralTracker`` instances (default `None`).
+        project_dir: folder for checkpoints and logs (default `None`).
+        project_config: a ``ProjectConfiguration`` for checkpoint naming and folders (default `None`).
+        gradient_accumulation_plugin: a ``GradientAccumulationPlugin`` with the accumulation settings;
+            replaces ``gradient_accumulation_steps`` (default `None`).
+        step_scheduler_with_optimizer: step prepared schedulers only when the optimizer really steps
+            (default `True`).
+        kwargs_handlers: ``KwargsHandler`` objects customizing DDP, the gradient scaler, the process group,
+            autocast, profiling or FP8 (default `None`).
+        dynamo_backend: the ``torch.compile`` backend to compile prepared models with (default `None`).
+        dynamo_plugin: a ``TorchDynamoPlugin`` with the ``torch.compile`` settings (default `None`).
+        deepspeed_plugins: several named ``DeepSpeedPlugin`` objects, as a dict (default `None`).
+        parallelism_config: a ``ParallelismConfig`` combining data, tensor and context parallelism
+            (default `None`).
+
+    Raises:
+        TypeError: if ``project_config`` is not a ``ProjectConfiguration``.
     """
 
     ddp_handler: DistributedDataParallelKwargs | None
@@ -207,6 +240,15 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         Data loaders are prepared first; then the strategy sets up the models, optimizers and
         schedulers of the call together. Returns them in the same order (a single object when one
         was given).
+
+        Args:
+            *args: the models, optimizers, data loaders and schedulers to prepare; other objects are
+                returned unchanged.
+            device_placement: per object, whether to move it to the device; `None` (the default) uses the
+                Accelerator's ``device_placement``.
+
+        Returns:
+            The prepared objects, in the order given.
         """
         if device_placement is None:
             device_placement = [None] * len(args)
@@ -298,7 +340,19 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
     ) -> torch.nn.Module:
         """Set the model up for the run: placed, converted for the precision, wrapped by the strategy
-        (not in ``evaluation_mode``), compiled when asked. A model prepared before is returned as is."""
+        (not in ``evaluation_mode``), compiled when asked. A model prepared before is returned as is.
+
+        Args:
+            model: the model to prepare.
+            device_placement: move the model to the device; `None` (the default) uses the Accelerator's setting.
+            evaluation_mode: prepare for inference only, without the distributed wrapper (default `False`).
+
+        Returns:
+            The prepared model.
+
+        Raises:
+            TypeError: if ``model`` is not a ``torch.nn.Module``.
+        """
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"prepare_model takes a torch.nn.Module, got {type(model).__name__}")
         if _is_prepared(model):
@@ -308,7 +362,16 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         return self._register_model(prepared.models[0])
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> Any:
-        """Wrap the optimizer so it steps only on sync steps, through the precision (gradient scaler)."""
+        """Wrap the optimizer so it steps only on sync steps, through the precision (gradient scaler).
+
+        Args:
+            optimizer: the optimizer to prepare.
+            device_placement: move the optimizer's state to the device; `None` (the default) uses the
+                Accelerator's setting.
+
+        Returns:
+            The prepared optimizer (an ``AcceleratedOptimizer``).
+        """
         if isinstance(optimizer, AcceleratedOptimizer):
             self._remember(optimizer)
             return optimizer
@@ -316,7 +379,14 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         return self._register_optimizer(prepared.optimizers[0], self._placement(device_placement))
 
     def prepare_scheduler(self, scheduler: Any) -> Any:
-        """Wrap the scheduler so it follows the optimizer's real steps."""
+        """Wrap the scheduler so it follows the optimizer's real steps.
+
+        Args:
+            scheduler: the learning-rate scheduler to prepare.
+
+        Returns:
+            The prepared scheduler (an ``AcceleratedScheduler``).
+        """
         if isinstance(scheduler, AcceleratedScheduler) or _is_prepared(scheduler):
             self._remember(scheduler)
             return scheduler
@@ -329,6 +399,15 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         """Shard the data loader over the data-parallel processes and move its batches to the device.
 
         Processes that share a data-parallel rank (tensor or context parallel peers) get the same batches.
+
+        Args:
+            data_loader: the data loader to prepare.
+            device_placement: move batches to the device; `None` (the default) uses the Accelerator's setting.
+            slice_fn_for_dispatch: with ``dispatch_batches``, the function that cuts each process's share out
+                of a batch (default `None`: slice every tensor on its first dimension).
+
+        Returns:
+            The prepared data loader.
         """
         if _is_prepared(data_loader) or isinstance(data_loader, _prepared_loader_types()):
             self._remember(data_loader)
@@ -352,7 +431,15 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         return prepared
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
-        """A loader that starts after the first ``num_batches`` batches (to resume mid-epoch)."""
+        """A loader that starts after the first ``num_batches`` batches (to resume mid-epoch).
+
+        Args:
+            dataloader: the (prepared) data loader to skip batches of.
+            num_batches: the number of batches to skip (default `0`).
+
+        Returns:
+            A data loader that yields the remaining batches.
+        """
         from accel_data import skip_first_batches
 
         return skip_first_batches(dataloader, num_batches=num_batches)
@@ -360,7 +447,12 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
     # -- backward, accumulation, synchronisation --------------------------------------------------
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """Backward of ``loss``: divided by the accumulation steps, scaled by the precision, run by the strategy."""
+        """Backward of ``loss``: divided by the accumulation steps, scaled by the precision, run by the strategy.
+
+        Args:
+            loss: the scalar loss to compute gradients of.
+            **kwargs: keyword arguments passed on to the underlying ``backward`` call.
+        """
         self._strategy.backward(loss, self.gradient_state.plugin_kwargs["num_steps"], **kwargs)
 
     def _do_sync(self) -> None:
@@ -405,7 +497,11 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
-        """Accumulate gradients: no gradient sync except every ``num_steps`` batches and on the last batch."""
+        """Accumulate gradients: no gradient sync except every ``num_steps`` batches and on the last batch.
+
+        Args:
+            *models: the prepared models whose gradient synchronization is skipped on accumulation steps.
+        """
         if self._preemption is not None:
             self.check_preemption()
         self._do_sync()
@@ -419,7 +515,11 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module | None = None) -> Iterator[None]:
-        """Keep gradients local inside the block (no all-reduce / reduce-scatter); no-op in one process."""
+        """Keep gradients local inside the block (no all-reduce / reduce-scatter); no-op in one process.
+
+        Args:
+            model: the prepared model whose gradients are not synchronized (default `None`).
+        """
         models = [model] if model is not None else list(self._models)
         if not self.state.use_distributed:
             yield
@@ -431,7 +531,11 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
 
     @contextlib.contextmanager
     def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
-        """Make the next backward of ``model`` synchronise gradients, even inside :meth:`no_sync`."""
+        """Make the next backward of ``model`` synchronise gradients, even inside :meth:`no_sync`.
+
+        Args:
+            model: the prepared model whose next backward synchronizes gradients.
+        """
         if not self.state.use_distributed:
             yield
             return
@@ -440,7 +544,12 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
 
     @contextlib.contextmanager
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Iterator[None]:
-        """The precision's forward context for the block (nothing in full precision)."""
+        """The precision's forward context for the block (nothing in full precision).
+
+        Args:
+            autocast_handler: an ``AutocastKwargs`` overriding the Accelerator's autocast settings for this
+                block (default `None`).
+        """
         with self.precision.forward_context(autocast_handler):
             yield
 
@@ -451,6 +560,7 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
 
     @property
     def native_amp(self) -> bool:
+        """True when mixed precision uses PyTorch's native autocast."""
         return self.precision.native_amp
 
     def _optimizer_list(self, optimizer: Any) -> list[Any]:
@@ -459,19 +569,43 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         return list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
-        """Divide fp16-scaled gradients by the scale (no-op without a gradient scaler)."""
+        """Divide fp16-scaled gradients by the scale (no-op without a gradient scaler).
+
+        Args:
+            optimizer: the optimizer (or list of optimizers) whose gradients to unscale; `None` (the default)
+                unscales those of every prepared optimizer.
+        """
         self._strategy.unscale_gradients(self._optimizer_list(optimizer))
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
-        """Clip gradients by their total norm, over shards when sharded, after unscaling; returns the norm."""
+        """Clip gradients by their total norm, over shards when sharded, after unscaling; returns the norm.
+
+        Args:
+            parameters: the parameters (or a single tensor) whose gradients to clip.
+            max_norm: the largest allowed total norm.
+            norm_type: the order of the norm (default `2`; ``inf`` for the largest absolute value).
+
+        Returns:
+            The total norm of the gradients, before clipping.
+        """
         return self._strategy.clip_grad_norm_(parameters, max_norm, norm_type, self._optimizers)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
-        """``torch.nn.utils.clip_grad_value_`` after unscaling fp16 gradients."""
+        """``torch.nn.utils.clip_grad_value_`` after unscaling fp16 gradients.
+
+        Args:
+            parameters: the parameters (or a single tensor) whose gradients to clip.
+            clip_value: the largest allowed absolute value of a gradient.
+        """
         self._strategy.clip_grad_value_(parameters, clip_value, self._optimizers)
 
     def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
-        """Fused backward and update of LOMO / AdaLomo optimizers (``pip install lomo-optim``)."""
+        """Fused backward and update of LOMO / AdaLomo optimizers (``pip install lomo-optim``).
+
+        Args:
+            loss: the scalar loss to compute gradients of.
+            learning_rate: the learning rate of the fused update.
+        """
         from accel_state.imports import is_lomo_available
 
         if not is_lomo_available():
@@ -489,7 +623,13 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
 
     @contextlib.contextmanager
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
-        """Train on uneven per-process inputs (``torch.distributed.algorithms.Join`` under DDP)."""
+        """Train on uneven per-process inputs (``torch.distributed.algorithms.Join`` under DDP).
+
+        Args:
+            joinables: the models or optimizers (``Joinable`` objects) taking part in the join.
+            even_batches: overrides the data loaders' ``even_batches`` inside the block; `None` (the default)
+                keeps it.
+        """
         if not self.use_distributed:
             yield
             return
@@ -508,7 +648,15 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
                 sampler.even_batches = value
 
     def deepspeed_ulysses_dl_adapter(self, dl: Any, model: Any) -> Any:
-        """The data loader adapted to the strategy's sequence parallelism (DeepSpeed Ulysses), or as it is."""
+        """The data loader adapted to the strategy's sequence parallelism (DeepSpeed Ulysses), or as it is.
+
+        Args:
+            dl: the data loader to adapt.
+            model: the prepared model the batches are fed to.
+
+        Returns:
+            The adapted data loader, or ``dl`` itself without sequence parallelism.
+        """
         return self._strategy.ulysses_dl_adapter(dl, model)
 
     @property
@@ -521,18 +669,42 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
     def unwrap_model(
         self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
     ) -> torch.nn.Module:
-        """The user's model from inside the strategy / compile / mixed-precision wrappers."""
+        """The user's model from inside the strategy / compile / mixed-precision wrappers.
+
+        Args:
+            model: the prepared model to unwrap.
+            keep_fp32_wrapper: keep the forward wrapper that casts outputs back to fp32 (default `True`).
+            keep_torch_compile: keep the ``torch.compile`` wrapper (default `True`).
+
+        Returns:
+            The unwrapped model.
+        """
         return self._strategy.unwrap_model(
             model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile
         )
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The model's full state dict: gathered from every rank when sharded (call it on every rank),
-        offloaded weights read back."""
+        offloaded weights read back.
+
+        Args:
+            model: the (prepared) model to take the state dict of.
+            unwrap: unwrap the model first, so the keys carry no wrapper prefixes (default `True`).
+
+        Returns:
+            The full state dict of the model.
+        """
         return self._strategy.model_state_dict(model, unwrap=unwrap)
 
     def verify_device_map(self, model: torch.nn.Module) -> bool:
-        """True when the model (or a submodule) was dispatched over several devices by a device map."""
+        """True when the model (or a submodule) was dispatched over several devices by a device map.
+
+        Args:
+            model: the model to check.
+
+        Returns:
+            Whether any module's ``hf_device_map`` spans more than one device.
+        """
         for module in model.modules():
             device_map = getattr(module, "hf_device_map", None)
             if device_map is not None and len(set(device_map.values())) > 1:
@@ -540,7 +712,14 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         return False
 
     def free_memory(self, *objects: Any) -> list[None]:
-        """Drop the references this Accelerator holds, collect garbage and reset :attr:`step`."""
+        """Drop the references this Accelerator holds, collect garbage and reset :attr:`step`.
+
+        Args:
+            *objects: objects to release as well (the caller should rebind them to the returned values).
+
+        Returns:
+            A list of ``None``, one per object.
+        """
         from accel_state.memory import release_memory
 
         self._schedulers = []
@@ -554,7 +733,15 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
 
     @contextlib.contextmanager
     def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:
-        """Profile the block with ``torch.profiler``; writes ``profile_{rank}.json`` to ``output_trace_dir``."""
+        """Profile the block with ``torch.profiler``; writes ``profile_{rank}.json`` to ``output_trace_dir``.
+
+        Args:
+            profile_handler: a ``ProfileKwargs`` with the profiler settings; `None` (the default) uses the
+                Accelerator's, or the defaults.
+
+        Yields:
+            The running ``torch.profiler.profile`` object.
+        """
         from accel_train.kwargs_handlers import ProfileKwargs
 
         handler = profile_handler or self.profile_handler or ProfileKwargs()
@@ -574,7 +761,13 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         self, buffers: Any = None, buffer_seq_dims: Any = None, no_restore_buffers: Any = None
     ) -> Iterator[None]:
         """Shard ``buffers`` along their sequence dimension over the context-parallel ranks inside the
-        block (the strategy's context parallelism); without context parallelism this does nothing."""
+        block (the strategy's context parallelism); without context parallelism this does nothing.
+
+        Args:
+            buffers: the tensors to shard, such as input ids, labels and position ids (default `None`).
+            buffer_seq_dims: the sequence dimension of each buffer (default `None`).
+            no_restore_buffers: the buffers not restored to their full contents after the block (default `None`).
+        """
         with self._strategy.context_parallel(buffers, buffer_seq_dims, no_restore_buffers):
             yield
 

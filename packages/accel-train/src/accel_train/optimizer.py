@@ -49,6 +49,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     # The optimizer's own attributes, seen through the wrapper.
     @property
     def state(self) -> Any:  # type: ignore[override]
+        """The wrapped optimizer's per-parameter state."""
         return self.optimizer.state
 
     @state.setter
@@ -57,6 +58,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def param_groups(self) -> Any:  # type: ignore[override]
+        """The wrapped optimizer's parameter groups."""
         return self.optimizer.param_groups
 
     @param_groups.setter
@@ -65,6 +67,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def defaults(self) -> Any:  # type: ignore[override]
+        """The wrapped optimizer's default hyperparameters."""
         return self.optimizer.defaults
 
     @defaults.setter
@@ -72,16 +75,35 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer.defaults = defaults
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a parameter group to the wrapped optimizer.
+
+        Args:
+            param_group: the group to add: its ``params`` and any hyperparameters that override the defaults.
+        """
         self.optimizer.add_param_group(param_group)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state into the wrapped optimizer.
+
+        Args:
+            state_dict: a state as returned by ``state_dict``.
+        """
         self.optimizer.load_state_dict(state_dict)
 
     def state_dict(self) -> dict[str, Any]:
+        """Return the wrapped optimizer's state.
+
+        Returns:
+            The state dictionary of the wrapped optimizer.
+        """
         return self.optimizer.state_dict()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear gradients, except on accumulation steps (where they must be kept)."""
+        """Clear gradients, except on accumulation steps (where they must be kept).
+
+        Args:
+            set_to_none: set the gradients to ``None`` instead of zeroing them (default `True`).
+        """
         if self.gradient_state.sync_gradients:
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
@@ -96,7 +118,14 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self.optimizer.eval()
 
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
-        """Update the parameters on sync steps; with a scaler, skip the update on overflow."""
+        """Update the parameters on sync steps; with a scaler, skip the update on overflow.
+
+        Args:
+            closure: a callable that re-evaluates the model and returns the loss (default `None`).
+
+        Returns:
+            What the wrapped optimizer's ``step`` returned, or ``None`` on an accumulation step.
+        """
         if not self.gradient_state.sync_gradients:
             return None
         if self.precision is not None:

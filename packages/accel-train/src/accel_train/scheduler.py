@@ -16,6 +16,13 @@ class AcceleratedScheduler:
     optimizer step when batches are not split, since each process saw its own batch; on accumulation
     steps it does not step (with ``adjust_scheduler``, only its step count advances); when an fp16
     step was skipped on overflow it does not step either.
+
+    Args:
+        scheduler: the learning-rate scheduler to wrap.
+        optimizers: the optimizer (or list of optimizers) the scheduler follows.
+        step_with_optimizer: step the scheduler only when the optimizers step (default `True`).
+        split_batches: whether batches are split across processes, in which case the scheduler is
+            stepped once per optimizer step rather than ``num_processes`` times (default `False`).
     """
 
     def __init__(
@@ -32,6 +39,12 @@ class AcceleratedScheduler:
         self.gradient_state = GradientState()
 
     def step(self, *args: Any, **kwargs: Any) -> None:
+        """Step the wrapped scheduler if its optimizers really stepped.
+
+        Args:
+            *args: positional arguments passed on to the wrapped scheduler's ``step``.
+            **kwargs: keyword arguments passed on to the wrapped scheduler's ``step``.
+        """
         if not self.step_with_optimizer:
             self.scheduler.step(*args, **kwargs)
             return
@@ -52,18 +65,47 @@ class AcceleratedScheduler:
             self.scheduler.step(*args, **kwargs)
 
     def get_last_lr(self) -> Any:
+        """Return the last learning rates computed by the wrapped scheduler.
+
+        Returns:
+            The learning rate of each parameter group.
+        """
         return self.scheduler.get_last_lr()
 
     def state_dict(self) -> dict[str, Any]:
+        """Return the wrapped scheduler's state.
+
+        Returns:
+            The state dictionary of the wrapped scheduler.
+        """
         return self.scheduler.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state into the wrapped scheduler.
+
+        Args:
+            state_dict: a state as returned by ``state_dict``.
+        """
         self.scheduler.load_state_dict(state_dict)
 
     def get_lr(self) -> Any:
+        """Compute the learning rates with the wrapped scheduler.
+
+        Returns:
+            The learning rate of each parameter group.
+        """
         return self.scheduler.get_lr()
 
     def print_lr(self, *args: Any, **kwargs: Any) -> Any:
+        """Print the current learning rate through the wrapped scheduler.
+
+        Args:
+            *args: positional arguments passed on to the wrapped scheduler's ``print_lr``.
+            **kwargs: keyword arguments passed on to the wrapped scheduler's ``print_lr``.
+
+        Returns:
+            What the wrapped scheduler's ``print_lr`` returned.
+        """
         return self.scheduler.print_lr(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:

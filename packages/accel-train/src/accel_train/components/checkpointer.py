@@ -72,7 +72,14 @@ class Checkpointer:
     # -- registration -----------------------------------------------------------------------------
 
     def register_for_checkpointing(self, *objects: Any) -> None:
-        """Save and load these objects (each with ``state_dict`` and ``load_state_dict``) with the state."""
+        """Save and load these objects (each with ``state_dict`` and ``load_state_dict``) with the state.
+
+        Args:
+            *objects: the objects to include in every checkpoint, in this order.
+
+        Raises:
+            ValueError: if an object lacks ``state_dict`` or ``load_state_dict``.
+        """
         invalid = [
             f"{index}: {type(obj).__name__}"
             for index, obj in enumerate(objects)
@@ -86,13 +93,27 @@ class Checkpointer:
         self._custom_objects.extend(objects)
 
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
-        """Call ``hook(models, weights, output_dir)`` in ``save_state`` before the files are written."""
+        """Call ``hook(models, weights, output_dir)`` in ``save_state`` before the files are written.
+
+        Args:
+            hook: the callable to run; it receives the prepared models, their state dicts and the folder.
+
+        Returns:
+            A handle whose ``remove()`` unregisters the hook.
+        """
         handle = RemovableHandle(self._save_model_state_pre_hook)
         self._save_model_state_pre_hook[handle.id] = hook
         return handle
 
     def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
-        """Call ``hook(models, input_dir)`` in ``load_state`` before the files are read."""
+        """Call ``hook(models, input_dir)`` in ``load_state`` before the files are read.
+
+        Args:
+            hook: the callable to run; it receives the prepared models and the checkpoint folder.
+
+        Returns:
+            A handle whose ``remove()`` unregisters the hook.
+        """
         handle = RemovableHandle(self._load_model_state_pre_hook)
         self._load_model_state_pre_hook[handle.id] = hook
         return handle
@@ -118,6 +139,17 @@ class Checkpointer:
         objects to ``output_dir`` (or ``project_dir/checkpoints/checkpoint_{n}``); returns the folder.
 
         The folder appears only once complete (written to a hidden sibling, then renamed).
+
+        Args:
+            output_dir: the folder to write; ignored with automatic checkpoint naming (default `None`).
+            safe_serialization: write model weights as safetensors rather than pickles (default `True`).
+            **save_model_func_kwargs: accepted for compatibility with the documented signature; not used here.
+
+        Returns:
+            The folder the checkpoint was written to.
+
+        Raises:
+            ValueError: with automatic naming, if there is no project folder or the checkpoint already exists.
         """
         config = self.project_configuration
         if config.automatic_checkpoint_naming:
@@ -225,6 +257,16 @@ class Checkpointer:
 
         Never unpickles Python objects; a folder that does not match what was prepared is an error
         that lists the missing and extra files.
+
+        Args:
+            input_dir: the checkpoint folder; `None` loads the latest one with automatic naming.
+            load_kwargs: options for loading optimizer states, such as ``map_location`` (default `None`).
+            **load_model_func_kwargs: options for loading the model weights: ``map_location`` and
+                ``strict`` (default `True`).
+
+        Raises:
+            ValueError: if ``input_dir`` is missing without automatic naming, or the folder does not match.
+            FileNotFoundError: with automatic naming, if there is no complete checkpoint to load.
         """
         config = self.project_configuration
         if input_dir is None:
@@ -289,7 +331,13 @@ class Checkpointer:
     # -- single objects and models ------------------------------------------------------------------
 
     def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
-        """Save ``obj`` once per machine (or once in all with the default), replacing ``f`` atomically."""
+        """Save ``obj`` once per machine (or once in all with the default), replacing ``f`` atomically.
+
+        Args:
+            obj: the object to save (e.g. a state dict).
+            f: the path of the file to write.
+            safe_serialization: write with safetensors instead of ``torch.save`` (default `False`).
+        """
         if not self._is_writer():
             return
         path = os.fspath(f)
@@ -308,7 +356,18 @@ class Checkpointer:
         safe_serialization: bool = True,
     ) -> None:
         """Write the model's weights as (sharded) safetensors with an index, loadable by
-        ``load_checkpoint_in_model`` / ``load_checkpoint_and_dispatch``."""
+        ``load_checkpoint_in_model`` / ``load_checkpoint_and_dispatch``.
+
+        Args:
+            model: the model to save (prepared or not; it is unwrapped).
+            save_directory: the folder to write the weights to.
+            max_shard_size: the largest size of one weight file, as bytes or a string like ``"5GB"``
+                (default `"10GB"`).
+            safe_serialization: write safetensors rather than pickles (default `True`).
+
+        Raises:
+            ValueError: if ``save_directory`` is a file.
+        """
         save_directory = os.fspath(save_directory)
         if os.path.isfile(save_directory):
             raise ValueError(f"save_model needs a folder, but {save_directory} is a file")

@@ -61,7 +61,18 @@ class Trackers:
             tracking.store_config_to_all(active, config)
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        """The tracker called ``name`` (its backend object with ``unwrap``); a blank one elsewhere."""
+        """The tracker called ``name`` (its backend object with ``unwrap``); a blank one elsewhere.
+
+        Args:
+            name: the name of a started tracker (e.g. ``"wandb"``, ``"tensorboard"``).
+            unwrap: return the tracker's underlying backend object instead of the wrapper (default `False`).
+
+        Returns:
+            The tracker, its backend object, or a blank tracker on processes that do not log.
+
+        Raises:
+            ValueError: on the main process, if no started tracker has this name.
+        """
         for tracker in self.trackers:
             if tracker.name == name:
                 return tracker.tracker if unwrap else tracker
@@ -72,7 +83,13 @@ class Trackers:
         )
 
     def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
-        """Log ``values`` at ``step`` to every tracker (main process by default)."""
+        """Log ``values`` at ``step`` to every tracker (main process by default).
+
+        Args:
+            values: the names and values to log.
+            step: the step number to log them at (default `None`).
+            log_kwargs: per-tracker keyword arguments, keyed by tracker name (default `None`).
+        """
         if not self.trackers:
             return
         # Each tracker logs even when another fails; the error names the failing tracker(s).
