@@ -142,7 +142,12 @@ def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> Any:
 
 def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwargs: Any = None) -> Any:
     """The autocast context of the mixed precision in use (``AcceleratorState().mixed_precision``), or a
-    null context when ``native_amp`` is False or there is none."""
+    null context when ``native_amp`` is False or there is none.
+
+    Args:
+        native_amp: Whether native mixed precision is in use; `False` gives a null context. Defaults to `False`.
+        autocast_kwargs: An ``AutocastKwargs`` or a dict of extra ``torch.autocast`` arguments. Defaults to `None`.
+    """
     import contextlib
 
     from accel_state.state import AcceleratorState
@@ -231,7 +236,14 @@ def recursive_getattr(obj: Any, attr: str) -> Any:
 
 
 def install_xla(upgrade: bool = False) -> None:
-    """Install torch_xla for the running torch (Google Colab only, as documented)."""
+    """Install torch_xla for the running torch (Google Colab only, as documented).
+
+    Args:
+        upgrade: Whether pip is run with ``--upgrade``. Defaults to `False`.
+
+    Raises:
+        RuntimeError: Not running in Google Colab.
+    """
     if "google.colab" not in sys.modules:
         raise RuntimeError("`install_xla` utility works only on google colab.")
     command = [sys.executable, "-m", "pip", "install"] + (["--upgrade"] if upgrade else [])
