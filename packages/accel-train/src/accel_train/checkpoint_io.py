@@ -130,6 +130,13 @@ def save(
 
     With ``safe_serialization`` ``obj`` must be a dict of tensors, written with safetensors; tensors that
     share storage are stored once and their removal is logged. Otherwise ``torch.save`` is used.
+
+    Args:
+        obj: The object to save (a dict of tensors with ``safe_serialization``).
+        f: Path of the file written.
+        save_on_each_node: Whether the local main process of every machine writes, not only the main one.
+            Defaults to `False`.
+        safe_serialization: Whether to write safetensors instead of ``torch.save``. Defaults to `False`.
     """
     from accel_state.state import PartialState
 
@@ -148,7 +155,14 @@ def save(
 
 def load(f: str | os.PathLike[str], map_location: Any = None, **kwargs: Any) -> Any:
     """Load what :func:`save` wrote (``accel.utils.load``): ``torch.load`` with ``weights_only=True`` unless
-    ``weights_only=False`` is passed; a ``.safetensors`` file is read with safetensors."""
+    ``weights_only=False`` is passed; a ``.safetensors`` file is read with safetensors.
+
+    Args:
+        f: Path of the file to read.
+        map_location: Where tensors are placed, as in ``torch.load`` (`None`: where saved; `cpu` for safetensors).
+            Defaults to `None`.
+        **kwargs: Passed on to ``torch.load`` (``weights_only`` defaults to `True`).
+    """
     path = os.fspath(f)
     if path.endswith(".safetensors"):
         return load_weights(path, map_location or "cpu")

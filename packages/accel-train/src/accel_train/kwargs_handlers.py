@@ -50,7 +50,12 @@ class DDPCommunicationHookType(str, enum.Enum):
 
 @dataclass
 class AutocastKwargs(KwargsHandler):
-    """Arguments of ``torch.autocast`` used in mixed precision (``enabled``, ``cache_enabled``)."""
+    """Arguments of ``torch.autocast`` used in mixed precision (``enabled``, ``cache_enabled``).
+
+    Args:
+        enabled: Whether autocasting is on in the regions the Accelerator wraps. Defaults to `True`.
+        cache_enabled: Whether autocast caches the cast weights; `None` keeps torch's own default. Defaults to `None`.
+    """
 
     enabled: bool = True
     cache_enabled: bool | None = None
@@ -66,6 +71,23 @@ class DistributedDataParallelKwargs(KwargsHandler):
 
     ``comm_hook`` picks a gradient compression (fp16, bf16, PowerSGD); ``comm_wrapper`` (fp16 or bf16)
     wraps a PowerSGD hook; ``comm_state_option`` is passed to ``PowerSGDState``.
+
+    Args:
+        dim: Dimension along which inputs are scattered across devices. Defaults to `0`.
+        broadcast_buffers: Whether module buffers are synchronised from rank 0 at each forward. Defaults to `True`.
+        bucket_cap_mb: Size in MiB of the gradient buckets reduced together; must be positive. Defaults to `25`.
+        find_unused_parameters: Whether DDP walks the autograd graph to find parameters that receive no gradient.
+            Defaults to `False`.
+        check_reduction: Deprecated DDP argument, passed through unchanged. Defaults to `False`.
+        gradient_as_bucket_view: Whether gradients are views into the communication buckets, saving memory.
+            Defaults to `False`.
+        static_graph: Whether the model's graph and set of used parameters stay the same at every iteration.
+            Defaults to `False`.
+        comm_hook: Gradient communication hook: `no`, `fp16`, `bf16`, `power_sgd` or `batched_power_sgd`.
+            Defaults to `DDPCommunicationHookType.NO`.
+        comm_wrapper: Compression wrapped around a PowerSGD hook: `no`, `fp16` or `bf16`.
+            Defaults to `DDPCommunicationHookType.NO`.
+        comm_state_option: Keyword arguments of ``PowerSGDState`` (PowerSGD hooks only). Defaults to `{}`.
     """
 
     dim: int = 0
@@ -123,7 +145,14 @@ class DistributedDataParallelKwargs(KwargsHandler):
         return {key: value for key, value in self.to_kwargs().items() if key not in hook_fields}
 
     def register_comm_hook(self, model: Any) -> None:
-        """Register the configured communication hook on a ``DistributedDataParallel`` model."""
+        """Register the configured communication hook on a ``DistributedDataParallel`` model.
+
+        Args:
+            model: The model already wrapped in ``DistributedDataParallel``; nothing happens when ``comm_hook`` is `no`.
+
+        Raises:
+            ValueError: A bfloat16 hook or wrapper is asked for on a backend other than NCCL or XCCL.
+        """
         if self.comm_hook == DDPCommunicationHookType.NO:
             return
         import torch.distributed as dist
@@ -158,7 +187,17 @@ class DistributedDataParallelKwargs(KwargsHandler):
 
 @dataclass
 class GradScalerKwargs(KwargsHandler):
-    """Arguments of ``torch.amp.GradScaler`` used with ``mixed_precision="fp16"``."""
+    """Arguments of ``torch.amp.GradScaler`` used with ``mixed_precision="fp16"``.
+
+    Args:
+        init_scale: Initial loss scale; must be positive. Defaults to `65536.0`.
+        growth_factor: Factor the scale is multiplied by after ``growth_interval`` steps without inf/NaN gradients;
+            must be above 1. Defaults to `2.0`.
+        backoff_factor: Factor the scale is multiplied by when a step has inf/NaN gradients; in (0, 1).
+            Defaults to `0.5`.
+        growth_interval: Number of consecutive clean steps before the scale grows; at least 1. Defaults to `2000`.
+        enabled: Whether the scaler is active; when `False` its calls do nothing. Defaults to `True`.
+    """
 
     init_scale: float = 65536.0
     growth_factor: float = 2.0
@@ -186,6 +225,19 @@ class ProfileKwargs(KwargsHandler):
     """Arguments of ``torch.profiler.profile`` for ``Accelerator.profile``.
 
     ``output_trace_dir`` set: each process writes a Chrome trace ``profile_{rank}.json`` there.
+
+    Args:
+        activities: Activities to profile, among `cpu`, `cuda`, `xpu`, `mtia` and `hpu`; `None` lets torch choose.
+            Defaults to `None`.
+        schedule_option: Keyword arguments of ``torch.profiler.schedule`` (`wait`, `warmup`, `active`, `repeat`,
+            `skip_first`; `active` is required), or `None` to profile every step. Defaults to `None`.
+        on_trace_ready: Callable run by the profiler each time a trace is ready. Defaults to `None`.
+        record_shapes: Whether input shapes of the operators are recorded. Defaults to `False`.
+        profile_memory: Whether tensor memory allocations and frees are tracked. Defaults to `False`.
+        with_stack: Whether source information (file and line) of the operators is recorded. Defaults to `False`.
+        with_flops: Whether FLOPs of matrix multiplications and convolutions are estimated. Defaults to `False`.
+        with_modules: Whether the module hierarchy of each operator is recorded. Defaults to `False`.
+        output_trace_dir: Folder where each process exports its Chrome trace. Defaults to `None`.
     """
 
     activities: list[str] | None = None
@@ -265,6 +317,22 @@ class TERecipeKwargs(KwargsHandler):
 
     Fields left ``None`` take the ``ACCELERATE_FP8_*`` values the launcher wrote, else the documented
     defaults (HYBRID format, margin 0, interval 1, amax history 1024, ``most_recent``).
+
+    Args:
+        use_autocast_during_eval: Whether FP8 autocast also applies in evaluation; otherwise only in training.
+            Defaults to `None` (launcher value, else `False`).
+        margin: Margin for the scaling factor computation. Defaults to `None` (launcher value, else `0`).
+        interval: How often, in steps, the scaling factor is recomputed. Defaults to `None` (launcher value, else `1`).
+        fp8_format: FP8 format, `HYBRID` (E4M3 forward, E5M2 backward) or `E4M3`; upper-cased.
+            Defaults to `None` (launcher value, else `HYBRID`).
+        amax_history_len: Length of the amax history window used for scaling. Defaults to `None`
+            (launcher value, else `1024`).
+        amax_compute_algo: How the amax is taken from the history, `max` or `most_recent`. Defaults to `None`
+            (launcher value, else `most_recent`).
+        override_linear_precision: Three booleans (fprop, dgrad, wgrad) choosing which linear-layer matmuls run in
+            higher precision; a single boolean stands for all three. Defaults to `None`
+            (launcher value, else all `False`).
+        use_mxfp8_block_scaling: Whether the MXFP8 block-scaling recipe is used. Defaults to `None` (read as `False`).
     """
 
     use_autocast_during_eval: bool | None = None
@@ -305,7 +373,12 @@ class TERecipeKwargs(KwargsHandler):
 
 @dataclass
 class MSAMPRecipeKwargs(KwargsHandler):
-    """FP8 recipe for MS-AMP (``opt_level`` O1 or O2; ``ACCELERATE_FP8_OPT_LEVEL``, else O2)."""
+    """FP8 recipe for MS-AMP (``opt_level`` O1 or O2; ``ACCELERATE_FP8_OPT_LEVEL``, else O2).
+
+    Args:
+        opt_level: MS-AMP optimisation level, `O1` (FP8 weights and gradients) or `O2` (also FP8 optimizer states).
+            Defaults to `None` (launcher value, else `O2`).
+    """
 
     opt_level: str | None = None
 
@@ -320,6 +393,15 @@ class AORecipeKwargs(KwargsHandler):
 
     ``pad_inner_dim`` and ``enable_fsdp_float8_all_gather`` left ``None`` take the launcher's
     ``ACCELERATE_FP8_PAD_INNER_DIM`` / ``ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER`` (default true).
+
+    Args:
+        config: A torchao ``Float8LinearConfig``; `None` builds one from the two flags below. Defaults to `None`.
+        module_filter_func: Callable ``(module, fqn) -> bool`` choosing which linear layers are converted to FP8;
+            `None` uses the default filter. Defaults to `None`.
+        pad_inner_dim: Whether inner dimensions are padded to multiples of 16 for the FP8 matmuls.
+            Defaults to `None` (launcher value, else `True`).
+        enable_fsdp_float8_all_gather: Whether FSDP all-gathers parameters in FP8. Defaults to `None`
+            (launcher value, else `True`).
     """
 
     config: Any = None
@@ -342,6 +424,25 @@ class FP8RecipeKwargs(TERecipeKwargs):
     """Deprecated umbrella FP8 recipe: ``backend`` picks TransformerEngine (``TE``), ``MSAMP`` or ``AO``.
 
     ``optimization_level`` is the documented spelling of ``opt_level``.
+
+    Args:
+        use_autocast_during_eval: Whether FP8 autocast also applies in evaluation; otherwise only in training.
+            Defaults to `None` (launcher value, else `False`).
+        margin: Margin for the scaling factor computation. Defaults to `None` (launcher value, else `0`).
+        interval: How often, in steps, the scaling factor is recomputed. Defaults to `None` (launcher value, else `1`).
+        fp8_format: FP8 format, `HYBRID` (E4M3 forward, E5M2 backward) or `E4M3`; upper-cased.
+            Defaults to `None` (launcher value, else `HYBRID`).
+        amax_history_len: Length of the amax history window used for scaling. Defaults to `None`
+            (launcher value, else `1024`).
+        amax_compute_algo: How the amax is taken from the history, `max` or `most_recent`. Defaults to `None`
+            (launcher value, else `most_recent`).
+        override_linear_precision: Three booleans (fprop, dgrad, wgrad) choosing which linear-layer matmuls run in
+            higher precision; a single boolean stands for all three. Defaults to `None`
+            (launcher value, else all `False`).
+        use_mxfp8_block_scaling: Whether the MXFP8 block-scaling recipe is used. Defaults to `None` (read as `False`).
+        opt_level: MS-AMP optimisation level, `O1` or `O2` (MS-AMP backend). Defaults to `None` (launcher value).
+        backend: FP8 backend, `TE`, `MSAMP` or `AO`; upper-cased. Defaults to `None` (launcher value).
+        optimization_level: Same as ``opt_level``; both given must agree. Defaults to `None`.
     """
 
     opt_level: str | None = None

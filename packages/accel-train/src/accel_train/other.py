@@ -74,7 +74,11 @@ extract_model_from_parallel = wrappers.unwrap_model
 
 
 def model_has_dtensor(model: torch.nn.Module) -> bool:
-    """True when a parameter of ``model`` is a ``DTensor`` (tensor parallel or FSDP2)."""
+    """True when a parameter of ``model`` is a ``DTensor`` (tensor parallel or FSDP2).
+
+    Args:
+        model: The model to inspect.
+    """
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:
@@ -83,7 +87,11 @@ def model_has_dtensor(model: torch.nn.Module) -> bool:
 
 
 def is_peft_model(model: Any) -> bool:
-    """True when ``model`` (unwrapped) is a peft ``PeftModel``."""
+    """True when ``model`` (unwrapped) is a peft ``PeftModel``.
+
+    Args:
+        model: The model to inspect; wrappers are removed first.
+    """
     from accel_state.imports import is_peft_available
 
     if not is_peft_available():
@@ -97,7 +105,12 @@ def is_peft_model(model: Any) -> bool:
 
 
 def get_module_class_from_name(module: torch.nn.Module, name: str) -> type | None:
-    """The class of the first sub-module of ``module`` (itself included) whose class is called ``name``."""
+    """The class of the first sub-module of ``module`` (itself included) whose class is called ``name``.
+
+    Args:
+        module: The module searched, itself and its sub-modules.
+        name: The class name looked for.
+    """
     for child in module.modules():
         if type(child).__name__ == name:
             return type(child)
@@ -114,7 +127,12 @@ def _device_type() -> str:
 
 
 def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> Any:
-    """A gradient scaler for fp16 on this process's device (FSDP's sharded scaler under FSDP)."""
+    """A gradient scaler for fp16 on this process's device (FSDP's sharded scaler under FSDP).
+
+    Args:
+        distributed_type: The run's distributed type; `FSDP` gives the sharded scaler. Defaults to `None`.
+        **kwargs: Keyword arguments of the scaler (``init_scale``, ``growth_factor`` ...).
+    """
     if str(getattr(distributed_type, "value", distributed_type)) == "FSDP":
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
@@ -124,7 +142,12 @@ def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> Any:
 
 def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwargs: Any = None) -> Any:
     """The autocast context of the mixed precision in use (``AcceleratorState().mixed_precision``), or a
-    null context when ``native_amp`` is False or there is none."""
+    null context when ``native_amp`` is False or there is none.
+
+    Args:
+        native_amp: Whether native mixed precision is in use; `False` gives a null context. Defaults to `False`.
+        autocast_kwargs: An ``AutocastKwargs`` or a dict of extra ``torch.autocast`` arguments. Defaults to `None`.
+    """
     import contextlib
 
     from accel_state.state import AcceleratorState
@@ -144,7 +167,11 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
 
 
 def clean_state_dict_for_safetensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``state_dict`` ready for safetensors: names sharing storage kept once (the first), tensors contiguous."""
+    """``state_dict`` ready for safetensors: names sharing storage kept once (the first), tensors contiguous.
+
+    Args:
+        state_dict: The state dict to clean.
+    """
     seen: dict[tuple[Any, ...], str] = {}
     cleaned: dict[str, torch.Tensor] = {}
     dropped: list[str] = []
@@ -171,7 +198,11 @@ def clean_state_dict_for_safetensors(state_dict: dict[str, torch.Tensor]) -> dic
 
 
 def get_pretty_name(obj: Any) -> str:
-    """A readable name for a function, class or instance (its qualified name, else its class's)."""
+    """A readable name for a function, class or instance (its qualified name, else its class's).
+
+    Args:
+        obj: The function, class or instance to name.
+    """
     if not hasattr(obj, "__qualname__") and not hasattr(obj, "__name__"):
         obj = getattr(obj, "__class__", obj)
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
@@ -179,7 +210,12 @@ def get_pretty_name(obj: Any) -> str:
 
 
 def merge_dicts(source: Mapping[str, Any], destination: dict[str, Any]) -> dict[str, Any]:
-    """Merge ``source`` into ``destination`` recursively (nested dicts merged, other values replaced)."""
+    """Merge ``source`` into ``destination`` recursively (nested dicts merged, other values replaced).
+
+    Args:
+        source: The values to merge in.
+        destination: The dict updated in place and returned.
+    """
     for key, value in source.items():
         if isinstance(value, Mapping):
             node = destination.setdefault(key, {})
@@ -190,12 +226,24 @@ def merge_dicts(source: Mapping[str, Any], destination: dict[str, Any]) -> dict[
 
 
 def recursive_getattr(obj: Any, attr: str) -> Any:
-    """``getattr`` along a dotted path: ``recursive_getattr(model, "encoder.layer.0")``."""
+    """``getattr`` along a dotted path: ``recursive_getattr(model, "encoder.layer.0")``.
+
+    Args:
+        obj: The object the path starts from.
+        attr: Dotted attribute path.
+    """
     return functools.reduce(getattr, attr.split("."), obj)
 
 
 def install_xla(upgrade: bool = False) -> None:
-    """Install torch_xla for the running torch (Google Colab only, as documented)."""
+    """Install torch_xla for the running torch (Google Colab only, as documented).
+
+    Args:
+        upgrade: Whether pip is run with ``--upgrade``. Defaults to `False`.
+
+    Raises:
+        RuntimeError: Not running in Google Colab.
+    """
     if "google.colab" not in sys.modules:
         raise RuntimeError("`install_xla` utility works only on google colab.")
     command = [sys.executable, "-m", "pip", "install"] + (["--upgrade"] if upgrade else [])

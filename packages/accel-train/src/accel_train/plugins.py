@@ -47,7 +47,23 @@ _MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagra
 
 @dataclass
 class TorchDynamoPlugin(KwargsHandler):
-    """``torch.compile`` settings; fields left None come from the ``ACCELERATE_DYNAMO_*`` variables."""
+    """``torch.compile`` settings; fields left None come from the ``ACCELERATE_DYNAMO_*`` variables.
+
+    Args:
+        backend: Compiler backend, a ``DynamoBackend`` name such as `inductor` (any case), or `no` to not
+            compile. Defaults to `None` (launcher value, else `no`).
+        mode: ``torch.compile`` mode: `default`, `reduce-overhead`, `max-autotune` or
+            `max-autotune-no-cudagraphs`. Defaults to `None` (launcher value, else `default`).
+        fullgraph: Whether the whole model must compile as one graph (graph breaks are errors).
+            Defaults to `None` (launcher value, else `False`).
+        dynamic: Whether shapes are treated as dynamic; `None` lets torch decide. Defaults to `None`
+            (launcher value when set).
+        options: Backend options dict passed to ``torch.compile``; cannot be combined with a ``mode`` other than
+            `default`. Defaults to `None`.
+        disable: Whether compilation is turned off whatever the backend. Defaults to `False`.
+        use_regional_compilation: Whether repeated blocks of the model are compiled once each instead of the whole
+            model. Defaults to `None` (launcher value, else `False`).
+    """
 
     backend: Any = None
     mode: str | None = None
@@ -78,6 +94,7 @@ class TorchDynamoPlugin(KwargsHandler):
 
     @property
     def enabled(self) -> bool:
+        """Whether the model is compiled: a backend other than `no` and ``disable`` left `False`."""
         return self.backend != DynamoBackend.NO and not self.disable
 
     def to_dict(self) -> dict[str, Any]:
@@ -151,7 +168,11 @@ class ProjectConfiguration:
             )
 
     def set_directories(self, project_dir: str | os.PathLike | None = None) -> None:
-        """Set ``project_dir`` (and ``logging_dir`` when it followed it)."""
+        """Set ``project_dir`` (and ``logging_dir`` when it followed it).
+
+        Args:
+            project_dir: New base folder of the project; `None` clears it. Defaults to `None`.
+        """
         follow = self.logging_dir is None or self.logging_dir == self.project_dir
         self.project_dir = None if project_dir is None else os.fspath(project_dir)
         if follow:

@@ -117,7 +117,11 @@ def compile_regions_in_place(model: torch.nn.Module, **compile_kwargs: Any) -> t
 
 
 def has_compiled_regions(model: Any) -> bool:
-    """True when some submodule (not the model itself) was compiled by :func:`compile_regions`."""
+    """True when some submodule (not the model itself) was compiled by :func:`compile_regions`.
+
+    Args:
+        model: The model to inspect; anything other than a module gives `False`.
+    """
     if not isinstance(model, torch.nn.Module):
         return False
     return any(is_compiled(module) for module in model.modules() if module is not model)

@@ -32,6 +32,34 @@ class DeepSpeedPlugin:
     ``hf_ds_config`` (a JSON path, a dict or an :class:`~accel_train.strategies.deepspeed.utils.HfDeepSpeedConfig`)
     the file is the configuration and the fields only fill its ``"auto"`` values; the rest of the
     ``"auto"`` values are filled by ``prepare``. The finished dict is :attr:`deepspeed_config`.
+
+    Args:
+        hf_ds_config: DeepSpeed config as a JSON file path, a dict or an ``HfDeepSpeedConfig``; `None` builds the
+            config from the fields below. Defaults to `None` (launcher value).
+        gradient_accumulation_steps: Number of steps gradients are accumulated over before an optimizer step.
+            Defaults to `None` (launcher value, else the Accelerator's).
+        gradient_clipping: Maximum gradient norm DeepSpeed clips to. Defaults to `None` (launcher value).
+        zero_stage: ZeRO stage, `0`, `1`, `2` or `3`. Defaults to `None` (launcher value, else `2` without a
+            config file).
+        is_train_batch_min: Whether, when several dataloaders are prepared, the smallest of their batch sizes gives
+            ``train_batch_size`` (else the largest). Defaults to `True`.
+        offload_optimizer_device: Where optimizer states are offloaded: `none`, `cpu` or `nvme` (ZeRO 2 and 3).
+            Defaults to `None` (launcher value, else `none`).
+        offload_param_device: Where parameters are offloaded: `none`, `cpu` or `nvme` (ZeRO 3 only).
+            Defaults to `None` (launcher value, else `none`).
+        offload_optimizer_nvme_path: NVMe folder used when optimizer states go to `nvme`. Defaults to `None`
+            (launcher value, else `none`).
+        offload_param_nvme_path: NVMe folder used when parameters go to `nvme`. Defaults to `None`
+            (launcher value, else `none`).
+        zero3_init_flag: Whether models are built already partitioned under ``deepspeed.zero.Init`` (ZeRO 3 only;
+            turned off with a warning otherwise). Defaults to `None` (launcher value, else on with ZeRO 3).
+        zero3_save_16bit_model: Whether a ZeRO-3 model is saved gathered as 16-bit weights. Defaults to `None`
+            (launcher value, else `False`).
+        transformer_moe_cls_names: Comma-separated names (or a list) of the MoE layer classes marked as ZeRO-3 leaf
+            modules. Defaults to `None` (launcher value).
+        enable_msamp: Whether MS-AMP FP8 training is switched on in the config. Defaults to `None`.
+        msamp_opt_level: MS-AMP optimisation level, `O1` or `O2`, used with ``enable_msamp``. Defaults to `None`
+            (`O1`).
     """
 
     hf_ds_config: Any = None
@@ -189,18 +217,35 @@ class DeepSpeedPlugin:
         return self.deepspeed_config
 
     def get_value(self, ds_key_long: str, default: Any = None) -> Any:
-        """The config value at dotted ``ds_key_long``."""
+        """The config value at dotted ``ds_key_long``.
+
+        Args:
+            ds_key_long: Dotted path of the key, e.g. `zero_optimization.stage`.
+            default: Value returned when the key is absent. Defaults to `None`.
+        """
         return dsc.get_value(self.deepspeed_config, ds_key_long, default)
 
     def is_auto(self, ds_key_long: str) -> bool:
-        """True when the config value at dotted ``ds_key_long`` is still ``"auto"``."""
+        """True when the config value at dotted ``ds_key_long`` is still ``"auto"``.
+
+        Args:
+            ds_key_long: Dotted path of the key, e.g. `train_micro_batch_size_per_gpu`.
+        """
         return dsc.is_auto(self.deepspeed_config, ds_key_long)
 
     def fill_match(
         self, ds_key_long: str, mismatches: list[str] | None = None, must_match: bool = True, **kwargs: Any
     ) -> None:
         """Fill ``"auto"`` at ``ds_key_long`` with ``kwargs[ds_key_long]``; with ``must_match``, a
-        different concrete value is appended to ``mismatches``."""
+        different concrete value is appended to ``mismatches``.
+
+        Args:
+            ds_key_long: Dotted path of the key to fill; nothing happens when it is not in ``kwargs``.
+            mismatches: List the contradictions found are appended to; `None` drops them. Defaults to `None`.
+            must_match: Whether a concrete value different from the run's counts as a contradiction.
+                Defaults to `True`.
+            **kwargs: The run's values, by dotted key.
+        """
         if ds_key_long not in kwargs:
             return
         found = dsc.fill_auto(self.deepspeed_config, {ds_key_long: kwargs[ds_key_long]}, must_match=must_match)
@@ -211,7 +256,21 @@ class DeepSpeedPlugin:
         self, prefix: str = "", mismatches: Any = None, config: Any = None, must_match: bool = True, **kwargs: Any
     ) -> None:
         """Fill every ``"auto"`` named in ``kwargs`` (dotted keys); with ``must_match``, a concrete
-        value that differs is an error listing all of them."""
+        value that differs is an error listing all of them.
+
+        Args:
+            prefix: Accepted for compatibility; the keys of ``kwargs`` are already full dotted paths.
+                Defaults to `""`.
+            mismatches: List the contradictions are appended to instead of raising; `None` raises.
+                Defaults to `None`.
+            config: Accepted for compatibility; the plugin's own config is filled. Defaults to `None`.
+            must_match: Whether a concrete value different from the run's counts as a contradiction.
+                Defaults to `True`.
+            **kwargs: The run's values, by dotted key.
+
+        Raises:
+            ValueError: Contradictions were found and ``mismatches`` is `None`.
+        """
         found = dsc.fill_auto(self.deepspeed_config, kwargs, must_match=must_match)
         if mismatches is not None:
             mismatches.extend(found)
@@ -223,14 +282,23 @@ class DeepSpeedPlugin:
             )
 
     def set_mixed_precision(self, mixed_precision: str) -> None:
-        """Make the config's fp16 / bf16 sections follow ``mixed_precision`` (an error when they contradict it)."""
+        """Make the config's fp16 / bf16 sections follow ``mixed_precision`` (an error when they contradict it).
+
+        Args:
+            mixed_precision: The run's mixed-precision mode: `no`, `fp16`, `bf16` or `fp8`.
+        """
         dsc.resolve_mixed_precision(self.deepspeed_config, str(mixed_precision))
 
     # -- ZeRO-3 construction ------------------------------------------------------------------------
 
     def zero3_init_context_manager(self, enable: bool = False) -> contextlib.AbstractContextManager[Any]:
         """``deepspeed.zero.Init`` over this config when ``enable`` and ZeRO-3 (else a no-op context):
-        modules built inside are created partitioned over the processes."""
+        modules built inside are created partitioned over the processes.
+
+        Args:
+            enable: Whether to partition at construction; `False` gives a context that does nothing.
+                Defaults to `False`.
+        """
         if not enable or not self.hf_ds_config.is_zero3():
             return contextlib.nullcontext()
         from accel_train.strategies.deepspeed.utils import import_deepspeed
@@ -272,7 +340,14 @@ class DeepSpeedPlugin:
         integration.set_hf_deepspeed_config(self._dschf)
 
     def set_moe_leaf_modules(self, model: Any) -> None:
-        """Mark the MoE layers named in ``transformer_moe_cls_names`` as ZeRO-3 leaf modules."""
+        """Mark the MoE layers named in ``transformer_moe_cls_names`` as ZeRO-3 leaf modules.
+
+        Args:
+            model: The model whose submodules of those classes are marked.
+
+        Raises:
+            ValueError: A named class is not found in the model.
+        """
         if not self.transformer_moe_cls_names:
             return
         names = [name.strip() for name in self.transformer_moe_cls_names.split(",") if name.strip()]

@@ -48,7 +48,11 @@ def import_deepspeed() -> Any:
 
 
 def deepspeed_required(func: F) -> F:
-    """Decorator: calling ``func`` without DeepSpeed installed raises an ImportError naming the extra."""
+    """Decorator: calling ``func`` without DeepSpeed installed raises an ImportError naming the extra.
+
+    Args:
+        func: The function to guard.
+    """
 
     @functools.wraps(func)
     def checked(*args: Any, **kwargs: Any) -> Any:
@@ -60,7 +64,14 @@ def deepspeed_required(func: F) -> F:
 
 
 def get_active_deepspeed_plugin(state: Any) -> Any:
-    """The DeepSpeed plugin in use (the selected one when several were given) of ``state``."""
+    """The DeepSpeed plugin in use (the selected one when several were given) of ``state``.
+
+    Args:
+        state: The ``AcceleratorState`` (or ``Accelerator.state``) to read the plugin from.
+
+    Raises:
+        ValueError: The run does not use DeepSpeed.
+    """
     from accel_state.enums import DistributedType
 
     if getattr(state, "distributed_type", None) != DistributedType.DEEPSPEED or not state.deepspeed_plugins:
@@ -78,6 +89,9 @@ class HfDeepSpeedConfig:
     """A DeepSpeed config (a JSON path, a JSON string or a dict) and questions about it.
 
     ``config`` is the dict DeepSpeed receives; keys are addressed with dotted paths.
+
+    Args:
+        config_file_or_dict: The config: a JSON file path, a JSON string or a dict.
     """
 
     def __init__(self, config_file_or_dict: Any) -> None:
@@ -100,7 +114,11 @@ class HfDeepSpeedConfig:
             self._offload = optimizer in devices or (self.is_zero3() and param in devices)
 
     def find_config_node(self, ds_key_long: str) -> tuple[dict[str, Any] | None, str]:
-        """The section holding the last part of dotted ``ds_key_long`` (``None`` when missing) and that part."""
+        """The section holding the last part of dotted ``ds_key_long`` (``None`` when missing) and that part.
+
+        Args:
+            ds_key_long: Dotted path of the key, e.g. `zero_optimization.stage`.
+        """
         *parents, last = ds_key_long.split(".")
         node: Any = self.config
         for part in parents:
@@ -110,11 +128,24 @@ class HfDeepSpeedConfig:
         return node, last
 
     def get_value(self, ds_key_long: str, default: Any = None) -> Any:
-        """The value at dotted ``ds_key_long`` (``default`` when absent)."""
+        """The value at dotted ``ds_key_long`` (``default`` when absent).
+
+        Args:
+            ds_key_long: Dotted path of the key, e.g. `zero_optimization.stage`.
+            default: Value returned when the key is absent. Defaults to `None`.
+        """
         return get_value(self.config, ds_key_long, default)
 
     def del_config_sub_tree(self, ds_key_long: str, must_exist: bool = False) -> None:
-        """Remove dotted ``ds_key_long``; with ``must_exist``, a missing key is an error."""
+        """Remove dotted ``ds_key_long``; with ``must_exist``, a missing key is an error.
+
+        Args:
+            ds_key_long: Dotted path of the key, e.g. `zero_optimization.stage`.
+            must_exist: Whether a missing key raises instead of being ignored. Defaults to `False`.
+
+        Raises:
+            ValueError: The key is missing and ``must_exist`` is `True`.
+        """
         node, last = self.find_config_node(ds_key_long)
         if node is None or last not in node:
             if must_exist:
@@ -123,25 +154,41 @@ class HfDeepSpeedConfig:
         del node[last]
 
     def is_true(self, ds_key_long: str) -> bool:
-        """True when the key is set to true (absent: False)."""
+        """True when the key is set to true (absent: False).
+
+        Args:
+            ds_key_long: Dotted path of the key, e.g. `zero_optimization.stage`.
+        """
         value = self.get_value(ds_key_long)
         return value is True or (isinstance(value, str) and value.lower() == "true")
 
     def is_false(self, ds_key_long: str) -> bool:
-        """True when the key is set to false (absent: False)."""
+        """True when the key is set to false (absent: False).
+
+        Args:
+            ds_key_long: Dotted path of the key, e.g. `zero_optimization.stage`.
+        """
         value = self.get_value(ds_key_long)
         return value is False or (isinstance(value, str) and value.lower() == "false")
 
     def is_auto(self, ds_key_long: str) -> bool:
+        """True when the value at dotted ``ds_key_long`` is still ``"auto"``.
+
+        Args:
+            ds_key_long: Dotted path of the key, e.g. `zero_optimization.stage`.
+        """
         return self.get_value(ds_key_long) == "auto"
 
     def is_zero2(self) -> bool:
+        """True when the config's ZeRO stage is 2."""
         return self._stage == 2
 
     def is_zero3(self) -> bool:
+        """True when the config's ZeRO stage is 3."""
         return self._stage == 3
 
     def is_offload(self) -> bool:
+        """True when ZeRO 2/3 offloads the optimizer (or, with ZeRO 3, the parameters) to CPU or NVMe."""
         return self._offload
 
 
@@ -166,6 +213,14 @@ class DummyOptim(torch.optim.Optimizer):
         super().__init__(self.params, {"lr": lr, "weight_decay": weight_decay})
 
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        """Not available: ``prepare`` replaces this stand-in with the optimizer of the DeepSpeed config.
+
+        Args:
+            closure: Accepted for the ``torch.optim.Optimizer`` signature; unused. Defaults to `None`.
+
+        Raises:
+            RuntimeError: Always.
+        """
         raise RuntimeError(
             "DummyOptim only stands for the optimizer of the DeepSpeed config; pass it to "
             "`accelerator.prepare` and step the optimizer it returns"
@@ -198,16 +253,30 @@ class DummyScheduler:
         self.kwargs = kwargs
 
     def step(self, *args: Any, **kwargs: Any) -> None:
+        """Not available: ``prepare`` replaces this stand-in with the scheduler of the DeepSpeed config.
+
+        Args:
+            *args: Accepted for the scheduler signature; unused.
+            **kwargs: Accepted for the scheduler signature; unused.
+
+        Raises:
+            RuntimeError: Always.
+        """
         raise RuntimeError(
             "DummyScheduler only stands for the scheduler of the DeepSpeed config; pass it to "
             "`accelerator.prepare` and use the scheduler it returns"
         )
 
     def state_dict(self) -> dict[str, Any]:
+        """An empty dict: the stand-in holds no state."""
         return {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Nothing to load: the real scheduler is built by ``prepare``."""
+        """Nothing to load: the real scheduler is built by ``prepare``.
+
+        Args:
+            state_dict: A state dict, ignored.
+        """
 
 
 # -- what prepare returns ---------------------------------------------------------------------------
@@ -218,13 +287,22 @@ class DeepSpeedEngineWrapper:
 
     ``engine.step`` clips gradients, steps the optimizer and the config's scheduler, zeroes
     gradients and checks fp16 overflow.
+
+    Args:
+        engine: The ``deepspeed.DeepSpeedEngine`` built by ``prepare``.
     """
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
 
     def backward(self, loss: torch.Tensor, sync_gradients: bool = True, **kwargs: Any) -> None:
-        """Backward of ``loss`` (the engine divides it by its accumulation steps); step when ``sync_gradients``."""
+        """Backward of ``loss`` (the engine divides it by its accumulation steps); step when ``sync_gradients``.
+
+        Args:
+            loss: The loss to back-propagate.
+            sync_gradients: Whether this is an accumulation boundary, where the engine steps. Defaults to `True`.
+            **kwargs: Passed on to ``engine.backward``.
+        """
         self.engine.set_gradient_accumulation_boundary(is_boundary=sync_gradients)
         self.engine.backward(loss, **kwargs)
         if sync_gradients:
@@ -239,17 +317,29 @@ class DeepSpeedEngineWrapper:
 
 
 class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
-    """The prepared optimizer of a DeepSpeed engine: the engine steps and zeroes it."""
+    """The prepared optimizer of a DeepSpeed engine: the engine steps and zeroes it.
+
+    Args:
+        optimizer: The engine's optimizer.
+    """
 
     def __init__(self, optimizer: Any) -> None:
         super().__init__(optimizer, device_placement=False, scaler=None)
         self._reports_overflow = hasattr(optimizer, "overflow")
 
     def zero_grad(self, set_to_none: bool | None = None) -> None:
-        """Nothing: the engine zeroes gradients at its step."""
+        """Nothing: the engine zeroes gradients at its step.
+
+        Args:
+            set_to_none: Accepted for the optimizer signature; unused. Defaults to `None`.
+        """
 
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
-        """Nothing: ``accelerator.backward`` steps the engine at accumulation boundaries."""
+        """Nothing: ``accelerator.backward`` steps the engine at accumulation boundaries.
+
+        Args:
+            closure: Accepted for the optimizer signature; unused. Defaults to `None`.
+        """
 
     @property
     def step_was_skipped(self) -> bool:
@@ -261,13 +351,23 @@ class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
 
 
 class DeepSpeedSchedulerWrapper(AcceleratedScheduler):
-    """The prepared scheduler that a DeepSpeed engine steps together with its optimizer."""
+    """The prepared scheduler that a DeepSpeed engine steps together with its optimizer.
+
+    Args:
+        scheduler: The learning-rate scheduler the engine steps.
+        optimizers: The prepared optimizer(s) the scheduler belongs to.
+    """
 
     def __init__(self, scheduler: Any, optimizers: Any) -> None:
         super().__init__(scheduler, optimizers)
 
     def step(self, *args: Any, **kwargs: Any) -> None:
-        """Nothing: the engine steps this scheduler after each real optimizer step."""
+        """Nothing: the engine steps this scheduler after each real optimizer step.
+
+        Args:
+            *args: Accepted for the scheduler signature; unused.
+            **kwargs: Accepted for the scheduler signature; unused.
+        """
 
 
 def map_pytorch_optim_to_deepspeed(optimizer: torch.optim.Optimizer) -> Any:
@@ -276,6 +376,9 @@ def map_pytorch_optim_to_deepspeed(optimizer: torch.optim.Optimizer) -> Any:
     Adam / AdamW become ``DeepSpeedCPUAdam`` (AdamW in decoupled-weight-decay mode), Adagrad
     ``DeepSpeedCPUAdagrad``, bitsandbytes Lion ``DeepSpeedCPULion``; any other optimizer is returned
     as is. Used under ZeRO optimizer offload, where DeepSpeed wants its own CPU optimizers.
+
+    Args:
+        optimizer: The torch (or bitsandbytes) optimizer to replace.
     """
     defaults = optimizer.defaults
     kwargs: dict[str, Any] = {key: defaults[key] for key in ("lr", "weight_decay") if key in defaults}

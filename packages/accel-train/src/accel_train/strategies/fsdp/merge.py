@@ -28,6 +28,18 @@ def merge_fsdp_weights(
     one. With ``max_shard_size`` the weights are split into files of at most that size with an index
     (``model.safetensors.index.json``) and the index path is returned. Only the main process writes
     when called inside a distributed run.
+
+    Args:
+        checkpoint_dir: Folder of the sharded checkpoint (a DCP folder, or a ``save_state`` folder holding one).
+        output_path: Folder the merged weights are written to.
+        safe_serialization: Whether to write safetensors rather than a pickled ``pytorch_model.bin``.
+            Defaults to `True`.
+        remove_checkpoint_dir: Whether ``checkpoint_dir`` is deleted once merged. Defaults to `False`.
+        max_shard_size: Largest size of one output file (bytes, or a string such as `"5GB"`); `None` writes one
+            file. Defaults to `None`.
+
+    Raises:
+        FileNotFoundError: ``checkpoint_dir`` does not exist.
     """
     checkpoint_dir = os.fspath(checkpoint_dir)
     output_path = os.fspath(output_path)

@@ -67,6 +67,53 @@ class FullyShardedDataParallelPlugin:
     regular expression over submodule names. ``auto_wrap_policy`` left ``None`` becomes
     TRANSFORMER_BASED_WRAP when ``transformer_cls_names_to_wrap`` is given in code, SIZE_BASED_WRAP when
     ``min_num_params`` is.
+
+    Args:
+        fsdp_version: FSDP version, `1` (``FullyShardedDataParallel``) or `2` (``fully_shard``).
+            Defaults to `None` (launcher value, else `1`).
+        sharding_strategy: FSDP1 only: how parameters, gradients and optimizer states are sharded (`FULL_SHARD`,
+            `SHARD_GRAD_OP`, `NO_SHARD`, `HYBRID_SHARD`, `HYBRID_SHARD_ZERO2`). Defaults to `None`
+            (launcher value, else `FULL_SHARD`).
+        reshard_after_forward: FSDP2 only: whether parameters are freed again after the forward pass.
+            Defaults to `None` (launcher value, else `True`).
+        backward_prefetch: FSDP1 only: when the next parameters are all-gathered in the backward pass
+            (`BACKWARD_PRE`, `BACKWARD_POST`, `NO_PREFETCH`); ignored with a warning under FSDP2.
+            Defaults to `None` (launcher value, else no prefetch).
+        mixed_precision_policy: Dtypes of parameters, reductions and buffers (see above). Defaults to `None`.
+        auto_wrap_policy: Which submodules become their own FSDP unit: `TRANSFORMER_BASED_WRAP`, `SIZE_BASED_WRAP`,
+            `NO_WRAP` or a callable. Defaults to `None` (launcher value, else chosen as described above).
+        cpu_offload: Whether parameters (and their gradients) are offloaded to the CPU; a bool or torch's object.
+            Defaults to `None` (launcher value, else `False`).
+        ignored_modules: Modules, or a regular expression over submodule names, that FSDP leaves unsharded.
+            Defaults to `None`.
+        state_dict_type: How state dicts are gathered and saved: `FULL_STATE_DICT`, `LOCAL_STATE_DICT` or
+            `SHARDED_STATE_DICT`. Defaults to `None` (launcher value, else `FULL_STATE_DICT` for FSDP1 and
+            `SHARDED_STATE_DICT` for FSDP2).
+        state_dict_config: torch's state-dict config matching ``state_dict_type``; `None` builds the usual one.
+            Defaults to `None`.
+        optim_state_dict_config: torch's optimizer state-dict config matching ``state_dict_type``; `None` builds
+            the usual one. Defaults to `None`.
+        limit_all_gathers: FSDP1 only: whether the CPU thread is throttled to bound in-flight all-gathers.
+            Defaults to `True`.
+        use_orig_params: FSDP1 only: whether the original parameters stay visible (needed for per-parameter
+            optimizer groups and ``torch.compile``); FSDP2 always keeps them. Defaults to `None`
+            (launcher value, else `True`).
+        param_init_fn: Callable that materialises modules created on the meta device. Defaults to `None`.
+        sync_module_states: Whether rank 0's weights are broadcast to the other ranks at wrapping.
+            Defaults to `None` (launcher value, else `True`).
+        forward_prefetch: FSDP1 only: whether the next all-gather is issued before the current forward finishes.
+            Defaults to `None` (launcher value, else `False`).
+        activation_checkpointing: Whether the wrapped layers recompute activations in the backward pass.
+            Defaults to `None` (launcher value, else `False`).
+        activation_checkpointing_offload: Whether checkpointed activations are offloaded to the CPU.
+            Defaults to `None` (launcher value, else `False`).
+        cpu_ram_efficient_loading: Whether only rank 0 loads the full weights, the others starting empty; needs
+            ``sync_module_states``. Defaults to `None` (launcher value, else `False`).
+        transformer_cls_names_to_wrap: Names of the layer classes wrapped under `TRANSFORMER_BASED_WRAP`, as a
+            list or a comma-separated string. Defaults to `None` (launcher value, else the model's own
+            ``_no_split_modules``).
+        min_num_params: Smallest parameter count of a unit under `SIZE_BASED_WRAP`. Defaults to `None`
+            (launcher value, else `100_000_000` with that policy).
     """
 
     fsdp_version: int | None = None

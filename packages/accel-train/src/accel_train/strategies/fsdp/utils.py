@@ -89,6 +89,13 @@ def save_fsdp_model(
 
     Sharded: every rank writes its shards into ``pytorch_model_fsdp_{model_index}``. Full: the whole
     state dict is gathered and the main process writes ``model.safetensors``.
+
+    Args:
+        fsdp_plugin: The ``FullyShardedDataParallelPlugin`` whose ``state_dict_type`` picks sharded or full files.
+        accelerator: The ``Accelerator`` of the run.
+        model: The FSDP-wrapped model.
+        output_dir: Folder the files go to; created when missing.
+        model_index: Index of the model among the prepared ones, used in the file names. Defaults to `0`.
     """
     os.makedirs(output_dir, exist_ok=True)
     if _sharded(fsdp_plugin):
@@ -108,7 +115,15 @@ def save_fsdp_model(
 def load_fsdp_model(
     fsdp_plugin: Any, accelerator: Any, model: torch.nn.Module, input_dir: str, model_index: int = 0, **_: Any
 ) -> None:
-    """Read what :func:`save_fsdp_model` wrote (a sharded folder or a full file) into ``model``."""
+    """Read what :func:`save_fsdp_model` wrote (a sharded folder or a full file) into ``model``.
+
+    Args:
+        fsdp_plugin: The ``FullyShardedDataParallelPlugin`` whose ``state_dict_type`` picks sharded or full files.
+        accelerator: The ``Accelerator`` of the run.
+        model: The FSDP-wrapped model to load into.
+        input_dir: Folder the checkpoint was saved to.
+        model_index: Index of the model among the prepared ones, used in the file names. Defaults to `0`.
+    """
     folder = os.path.join(input_dir, ckpt.sharded_model_dir(model_index))
     if os.path.isdir(folder):
         fsdp_state.load_sharded_model(_inner(model), folder, local=_local(fsdp_plugin))
@@ -130,7 +145,16 @@ def save_fsdp_optimizer(
     output_dir: str,
     optimizer_index: int = 0,
 ) -> str:
-    """Write the optimizer's state: shards into ``optimizer_{index}``, or the full state into ``optimizer.bin``."""
+    """Write the optimizer's state: shards into ``optimizer_{index}``, or the full state into ``optimizer.bin``.
+
+    Args:
+        fsdp_plugin: The ``FullyShardedDataParallelPlugin`` whose ``state_dict_type`` picks sharded or full files.
+        accelerator: The ``Accelerator`` of the run.
+        optimizer: The optimizer of the sharded model.
+        model: The FSDP-wrapped model the optimizer trains.
+        output_dir: Folder the files go to.
+        optimizer_index: Index of the optimizer among the prepared ones, used in the file names. Defaults to `0`.
+    """
     os.makedirs(output_dir, exist_ok=True)
     if _sharded(fsdp_plugin):
         path = os.path.join(output_dir, ckpt.sharded_optimizer_dir(optimizer_index))
@@ -153,7 +177,16 @@ def load_fsdp_optimizer(
     optimizer_index: int = 0,
     **_: Any,
 ) -> None:
-    """Read what :func:`save_fsdp_optimizer` wrote into ``optimizer`` (of the sharded ``model``)."""
+    """Read what :func:`save_fsdp_optimizer` wrote into ``optimizer`` (of the sharded ``model``).
+
+    Args:
+        fsdp_plugin: The ``FullyShardedDataParallelPlugin`` whose ``state_dict_type`` picks sharded or full files.
+        accelerator: The ``Accelerator`` of the run.
+        optimizer: The optimizer to load into.
+        model: The FSDP-wrapped model the optimizer trains.
+        input_dir: Folder the checkpoint was saved to.
+        optimizer_index: Index of the optimizer among the prepared ones, used in the file names. Defaults to `0`.
+    """
     folder = os.path.join(input_dir, ckpt.sharded_optimizer_dir(optimizer_index))
     if os.path.isdir(folder):
         fsdp_state.load_sharded_optimizer(_inner(model), _raw_optimizer(optimizer), folder)
@@ -166,7 +199,11 @@ def load_fsdp_optimizer(
 
 def get_fsdp2_grad_scaler(**kwargs: Any) -> Any:
     """The fp16 gradient scaler for FSDP2 (torch's ``ShardedGradScaler``: overflow checked on every
-    rank's shards); ``kwargs`` are ``GradScaler``'s (``device`` defaults to this process's)."""
+    rank's shards); ``kwargs`` are ``GradScaler``'s (``device`` defaults to this process's).
+
+    Args:
+        **kwargs: Keyword arguments of the gradient scaler (``init_scale``, ``growth_factor``, ``device`` ...).
+    """
     from accel_train.strategies.fsdp.strategy import fsdp_grad_scaler
 
     device = kwargs.pop("device", None)
@@ -186,7 +223,12 @@ def _fsdp_strategy(accelerator: Any) -> Any:
 
 def fsdp2_prepare_model(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
     """Shard ``model`` with FSDP2 by the Accelerator's plugin (units, mixed precision, offload,
-    RAM-efficient loading) and register it, as ``accelerator.prepare`` does for a model."""
+    RAM-efficient loading) and register it, as ``accelerator.prepare`` does for a model.
+
+    Args:
+        accelerator: The ``Accelerator`` whose FSDP plugin configures the sharding.
+        model: The model to shard.
+    """
     strategy = _fsdp_strategy(accelerator)
     if strategy.fsdp_version != 2:
         raise ValueError("fsdp2_prepare_model needs fsdp_version=2 in the FullyShardedDataParallelPlugin")
@@ -197,13 +239,25 @@ def fsdp2_load_full_state_dict(
     accelerator: Any, model: torch.nn.Module, full_state_dict: Mapping[str, torch.Tensor], strict: bool = False
 ) -> None:
     """Load a full state dict held by rank 0 (others may pass ``{}``) into the sharded ``model``:
-    rank 0's tensors are broadcast and each rank keeps its shards."""
+    rank 0's tensors are broadcast and each rank keeps its shards.
+
+    Args:
+        accelerator: The ``Accelerator`` of the run.
+        model: The FSDP2-sharded model.
+        full_state_dict: The full state dict on rank 0 (`{}` on the others).
+        strict: Whether missing or unexpected keys are errors. Defaults to `False`.
+    """
     fsdp_state.load_full_model_state_dict(_inner(model), full_state_dict, strict=strict, broadcast_from_rank0=True)
 
 
 def fsdp2_apply_ac(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
     """Wrap the plugin's layer classes (or the model's ``_no_split_modules``) in activation
-    checkpointing, in place; returns the model."""
+    checkpointing, in place; returns the model.
+
+    Args:
+        accelerator: The ``Accelerator`` whose FSDP plugin names the layer classes.
+        model: The model to wrap.
+    """
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,
         apply_activation_checkpointing,
@@ -223,13 +277,22 @@ def fsdp2_apply_ac(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
 
 def fsdp2_canonicalize_names(named_params: Mapping[str, Any]) -> dict[str, Any]:
     """``named_params`` with the prefixes of FSDP1, activation checkpointing and ``torch.compile``
-    removed from the names (``_fsdp_wrapped_module.``, ``_checkpoint_wrapped_module.``, ``_orig_mod.``)."""
+    removed from the names (``_fsdp_wrapped_module.``, ``_checkpoint_wrapped_module.``, ``_orig_mod.``).
+
+    Args:
+        named_params: Parameters (or any values) keyed by their qualified names.
+    """
     return {canonical_name(name): value for name, value in named_params.items()}
 
 
 def fsdp2_switch_optimizer_parameters(optimizer: torch.optim.Optimizer, mapping: Mapping[Any, Any]) -> None:
     """Replace, in ``optimizer``'s groups, each parameter found in ``mapping`` (keyed by the parameter,
-    its ``id`` or its ``data_ptr()``) by its sharded replacement."""
+    its ``id`` or its ``data_ptr()``) by its sharded replacement.
+
+    Args:
+        optimizer: The optimizer whose parameter groups are updated in place.
+        mapping: Old parameter (or its ``id`` / ``data_ptr()``) to the new, sharded parameter.
+    """
     by_id = {(k if isinstance(k, int) else id(k)): v for k, v in mapping.items()}
     for group in optimizer.param_groups:
         new = []
@@ -245,7 +308,13 @@ def ensure_weights_retied(
     param_init_fn: Callable[[torch.nn.Module], Any] | None, model: torch.nn.Module, device: Any
 ) -> Callable[[torch.nn.Module], Any] | None:
     """A ``param_init_fn`` that re-ties the model's shared parameters after initialising a module
-    (materialising meta tensors breaks the ties); ``param_init_fn`` itself when nothing is tied."""
+    (materialising meta tensors breaks the ties); ``param_init_fn`` itself when nothing is tied.
+
+    Args:
+        param_init_fn: The initialisation function to wrap, or `None`.
+        model: The model whose tied parameters are found.
+        device: Device the parameters are materialised on.
+    """
     from accel_bigmodel.tied import find_tied_parameters
 
     tied = find_tied_parameters(model)

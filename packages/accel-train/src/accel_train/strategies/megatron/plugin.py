@@ -50,34 +50,65 @@ class MegatronLMPlugin:
     """Settings of Megatron-LM (tensor/pipeline degrees, micro-batches, recomputation, ...).
 
     Args:
-        tp_degree: tensor-parallel degree.
-        pp_degree: pipeline-parallel degree.
-        num_micro_batches: micro-batches per step (pipeline).
-        gradient_clipping: clip the global L2 norm of gradients at this value (0 disables).
-        sequence_parallelism: sequence parallelism inside tensor-parallel groups.
-        recompute_activations: selective activation recomputation.
-        use_distributed_optimizer: shard optimizer state and gradients over data-parallel ranks.
-        pipeline_model_parallel_split_rank: rank where the decoder starts (encoder-decoder models).
-        num_layers_per_virtual_pipeline_stage: layers per virtual stage (interleaved 1F1B).
-        is_train_batch_min: the data loaders' smallest batch size is the micro-batch size (else the largest).
-        train_iters, train_samples: length of training, in steps or samples.
-        weight_decay_incr_style, start_weight_decay, end_weight_decay: weight-decay schedule.
-        lr_decay_style, lr_decay_iters, lr_decay_samples, lr_warmup_iters, lr_warmup_samples,
-            lr_warmup_fraction, min_lr: learning-rate schedule.
-        consumed_samples: samples consumed by each of the train / valid / test loaders (resuming).
-        no_wd_decay_cond, scale_lr_cond, lr_mult: which parameters get no weight decay / a scaled LR.
-        megatron_dataset_flag: the data loaders are Megatron-LM indexed datasets.
-        seq_length, encoder_seq_length, decoder_seq_length: sequence lengths.
-        tensorboard_dir, set_all_logging_options: logging.
-        eval_iters, eval_interval: evaluation length and period.
-        return_logits: the model's output carries the logits (on the last pipeline stage).
-        custom_train_step_class, custom_train_step_kwargs: a train step replacing the model's default.
+        tp_degree: Tensor-parallel degree. Defaults to `None` (launcher value, else `1`).
+        pp_degree: Pipeline-parallel degree. Defaults to `None` (launcher value, else `1`).
+        num_micro_batches: Micro-batches per step (pipeline). Defaults to `None` (launcher value, else `1`).
+        gradient_clipping: Clip the global L2 norm of gradients at this value (`0` disables).
+            Defaults to `None` (launcher value, else `1.0`).
+        sequence_parallelism: Sequence parallelism inside tensor-parallel groups. Defaults to `None`
+            (launcher value, else `False`).
+        recompute_activations: Selective activation recomputation. Defaults to `None` (launcher value, else `False`).
+        use_distributed_optimizer: Shard optimizer state and gradients over data-parallel ranks.
+            Defaults to `None` (launcher value, else `False`).
+        pipeline_model_parallel_split_rank: Rank where the decoder starts (encoder-decoder models).
+            Defaults to `None`.
+        num_layers_per_virtual_pipeline_stage: Layers per virtual stage (interleaved 1F1B). Defaults to `None`.
+        is_train_batch_min: The data loaders' smallest batch size is the micro-batch size (else the largest).
+            Defaults to `True`.
+        train_iters: Total number of training steps; give this or ``train_samples``. Defaults to `None`.
+        train_samples: Total number of training samples; give this or ``train_iters``. Defaults to `None`.
+        weight_decay_incr_style: How weight decay moves from ``start_weight_decay`` to ``end_weight_decay``:
+            `constant`, `linear` or `cosine`. Defaults to `"constant"`.
+        start_weight_decay: Weight decay at the start of training. Defaults to `None`.
+        end_weight_decay: Weight decay at the end of training. Defaults to `None`.
+        lr_decay_style: Learning-rate decay: `constant`, `linear`, `cosine` or `inverse-square-root`.
+            Defaults to `"linear"`.
+        lr_decay_iters: Steps over which the learning rate decays (`None`: ``train_iters``). Defaults to `None`.
+        lr_decay_samples: Samples over which the learning rate decays (`None`: ``train_samples``).
+            Defaults to `None`.
+        lr_warmup_iters: Steps of linear learning-rate warm-up. Defaults to `None`.
+        lr_warmup_samples: Samples of linear learning-rate warm-up. Defaults to `None`.
+        lr_warmup_fraction: Fraction of the decay steps spent warming up. Defaults to `None`.
+        min_lr: Lowest learning rate the schedule decays to. Defaults to `0`.
+        consumed_samples: Samples consumed by each of the train / valid / test loaders (resuming).
+            Defaults to `None`.
+        no_wd_decay_cond: Callable ``(name, param) -> bool`` choosing the parameters without weight decay.
+            Defaults to `None`.
+        scale_lr_cond: Callable ``(name, param) -> bool`` choosing the parameters whose learning rate is scaled
+            by ``lr_mult``. Defaults to `None`.
+        lr_mult: Learning-rate multiplier of the parameters chosen by ``scale_lr_cond``. Defaults to `1.0`.
+        megatron_dataset_flag: The data loaders are Megatron-LM indexed datasets. Defaults to `False`.
+        seq_length: Maximum sequence length of decoder-only or encoder-only models. Defaults to `None`.
+        encoder_seq_length: Maximum sequence length of the encoder. Defaults to `None`.
+        decoder_seq_length: Maximum sequence length of the decoder. Defaults to `None`.
+        tensorboard_dir: Folder Megatron-LM writes TensorBoard logs to. Defaults to `None`.
+        set_all_logging_options: Whether every Megatron-LM logging option is switched on. Defaults to `False`.
+        eval_iters: Number of steps of each evaluation. Defaults to `100`.
+        eval_interval: Training steps between two evaluations. Defaults to `1000`.
+        return_logits: The model's output carries the logits (on the last pipeline stage). Defaults to `False`.
+        custom_train_step_class: A train-step class replacing the model's default one. Defaults to `None`.
+        custom_train_step_kwargs: Keyword arguments of ``custom_train_step_class``. Defaults to `None`.
         custom_model_provider_function: ``provider(pre_process, post_process) -> megatron-core model``.
+            Defaults to `None`.
         custom_prepare_model_function: ``fn(model_provider) -> model`` replacing the default wrapping.
-        custom_megatron_datasets_provider_function, custom_get_batch_function, custom_loss_function:
-            replacements for the dataset provider, batch function and loss function.
-        other_megatron_args: further settings under megatron-core's names (``TransformerConfig``,
-            ``OptimizerConfig`` and ``DistributedDataParallelConfig`` fields, model sizes).
+            Defaults to `None`.
+        custom_megatron_datasets_provider_function: Replacement of the Megatron-LM datasets provider.
+            Defaults to `None`.
+        custom_get_batch_function: Replacement of the function that takes a batch from the data iterator.
+            Defaults to `None`.
+        custom_loss_function: Replacement of the loss function. Defaults to `None`.
+        other_megatron_args: Further settings under megatron-core's names (``TransformerConfig``,
+            ``OptimizerConfig`` and ``DistributedDataParallelConfig`` fields, model sizes). Defaults to `None`.
     """
 
     tp_degree: int | None = None
@@ -157,7 +188,12 @@ class MegatronLMPlugin:
         self.global_batch_size: int | None = None
 
     def set_batch_sizes(self, micro_batch_size: int, data_parallel_size: int) -> None:
-        """Record the micro-batch size and the global batch size it gives (``micro x dp x micro-batches``)."""
+        """Record the micro-batch size and the global batch size it gives (``micro x dp x micro-batches``).
+
+        Args:
+            micro_batch_size: Batch size of one process per micro-batch; at least 1.
+            data_parallel_size: Number of data-parallel ranks.
+        """
         if micro_batch_size < 1:
             raise ValueError(f"the micro-batch size must be >= 1, got {micro_batch_size}")
         self.micro_batch_size = micro_batch_size

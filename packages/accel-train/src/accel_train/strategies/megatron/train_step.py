@@ -55,6 +55,7 @@ class GPTTrainStep(AbstractTrainStep):
     Args:
         megatron_args: the run's settings (a namespace with ``eod_mask_loss``, ``eod_token`` ...; may be
             the plugin).
+        **kwargs: Accepted for compatibility with other train steps; unused.
     """
 
     def __init__(self, megatron_args: Any = None, **kwargs: Any) -> None:
@@ -67,6 +68,8 @@ class GPTTrainStep(AbstractTrainStep):
         self.forward_step = self.get_forward_step_func()
 
     def get_batch_func(self) -> Callable[[Iterator[Any]], Any]:
+        """``get_batch(data_iterator)``: the model inputs of one micro-batch."""
+
         def get_batch(data_iterator: Iterator[Any]) -> tuple[Any, Any, Any, Any, Any]:
             import torch
 
@@ -90,6 +93,8 @@ class GPTTrainStep(AbstractTrainStep):
         return get_batch
 
     def get_loss_func(self) -> Callable[..., Any]:
+        """``loss_func(loss_mask, output_tensor)``: the masked mean loss and ``{"lm loss": averaged loss}``."""
+
         def loss_func(loss_mask: Any, output_tensor: Any) -> tuple[Any, dict[str, Any]]:
             from accel_train.strategies.megatron.utils import avg_losses_across_data_parallel_group
 
@@ -99,6 +104,8 @@ class GPTTrainStep(AbstractTrainStep):
         return loss_func
 
     def get_forward_step_func(self) -> Callable[[Iterator[Any], Any], Any]:
+        """``forward_step(data_iterator, model)``: ``(output_tensor, loss_func)`` of one micro-batch."""
+
         def forward_step(data_iterator: Iterator[Any], model: Any) -> tuple[Any, Any]:
             tokens, labels, loss_mask, attention_mask, position_ids = self.get_batch(data_iterator)
             output = model(tokens, position_ids, attention_mask, labels=labels)
@@ -108,7 +115,12 @@ class GPTTrainStep(AbstractTrainStep):
 
 
 class BertTrainStep(AbstractTrainStep):
-    """Masked language modelling on megatron-core's ``BertModel`` (labels -100 where not masked)."""
+    """Masked language modelling on megatron-core's ``BertModel`` (labels -100 where not masked).
+
+    Args:
+        megatron_args: The run's settings (a namespace, or the plugin). Defaults to `None`.
+        **kwargs: Accepted for compatibility with other train steps; unused.
+    """
 
     def __init__(self, megatron_args: Any = None, **kwargs: Any) -> None:
         super().__init__("BertTrainStep")
@@ -118,6 +130,8 @@ class BertTrainStep(AbstractTrainStep):
         self.forward_step = self.get_forward_step_func()
 
     def get_batch_func(self) -> Callable[[Iterator[Any]], Any]:
+        """``get_batch(data_iterator)``: the model inputs of one micro-batch."""
+
         def get_batch(data_iterator: Iterator[Any]) -> tuple[Any, Any, Any, Any, Any]:
             batch = next(data_iterator)
             tokens = batch["input_ids"]
@@ -130,6 +144,8 @@ class BertTrainStep(AbstractTrainStep):
         return get_batch
 
     def get_loss_func(self) -> Callable[..., Any]:
+        """``loss_func(loss_mask, output_tensor)``: the masked mean loss and ``{"lm loss": averaged loss}``."""
+
         def loss_func(loss_mask: Any, output_tensor: Any) -> tuple[Any, dict[str, Any]]:
             from accel_train.strategies.megatron.utils import avg_losses_across_data_parallel_group
 
@@ -140,6 +156,8 @@ class BertTrainStep(AbstractTrainStep):
         return loss_func
 
     def get_forward_step_func(self) -> Callable[[Iterator[Any], Any], Any]:
+        """``forward_step(data_iterator, model)``: ``(output_tensor, loss_func)`` of one micro-batch."""
+
         def forward_step(data_iterator: Iterator[Any], model: Any) -> tuple[Any, Any]:
             tokens, types, labels, loss_mask, padding_mask = self.get_batch(data_iterator)
             output = model(tokens, padding_mask, tokentype_ids=types, lm_labels=labels)
@@ -149,7 +167,12 @@ class BertTrainStep(AbstractTrainStep):
 
 
 class T5TrainStep(AbstractTrainStep):
-    """Sequence-to-sequence training on megatron-core's ``T5Model``."""
+    """Sequence-to-sequence training on megatron-core's ``T5Model``.
+
+    Args:
+        megatron_args: The run's settings (a namespace, or the plugin). Defaults to `None`.
+        **kwargs: Accepted for compatibility with other train steps; unused.
+    """
 
     def __init__(self, megatron_args: Any = None, **kwargs: Any) -> None:
         super().__init__("T5TrainStep")
@@ -159,6 +182,8 @@ class T5TrainStep(AbstractTrainStep):
         self.forward_step = self.get_forward_step_func()
 
     def get_batch_func(self) -> Callable[[Iterator[Any]], Any]:
+        """``get_batch(data_iterator)``: the model inputs of one micro-batch."""
+
         def get_batch(data_iterator: Iterator[Any]) -> tuple[Any, ...]:
             import torch
 
@@ -181,6 +206,8 @@ class T5TrainStep(AbstractTrainStep):
         return get_batch
 
     def get_loss_func(self) -> Callable[..., Any]:
+        """``loss_func(loss_mask, output_tensor)``: the masked mean loss and ``{"lm loss": averaged loss}``."""
+
         def loss_func(loss_mask: Any, output_tensor: Any) -> tuple[Any, dict[str, Any]]:
             from accel_train.strategies.megatron.utils import avg_losses_across_data_parallel_group
 
@@ -190,6 +217,8 @@ class T5TrainStep(AbstractTrainStep):
         return loss_func
 
     def get_forward_step_func(self) -> Callable[[Iterator[Any], Any], Any]:
+        """``forward_step(data_iterator, model)``: ``(output_tensor, loss_func)`` of one micro-batch."""
+
         def forward_step(data_iterator: Iterator[Any], model: Any) -> tuple[Any, Any]:
             tokens_enc, tokens_dec, labels, loss_mask, enc_mask, dec_mask, enc_dec_mask = self.get_batch(data_iterator)
             output = model(tokens_enc, tokens_dec, enc_mask, dec_mask, enc_dec_mask, lm_labels=labels)

@@ -62,7 +62,11 @@ class MegatronLMDummyDataLoader:
 
 
 def avg_losses_across_data_parallel_group(losses: list[Any]) -> Any:
-    """The given losses averaged over the data-parallel group (one tensor of ``len(losses)`` values)."""
+    """The given losses averaged over the data-parallel group (one tensor of ``len(losses)`` values).
+
+    Args:
+        losses: The losses (scalar tensors) of this rank.
+    """
     import torch
     import torch.distributed as dist
 
@@ -77,7 +81,11 @@ def avg_losses_across_data_parallel_group(losses: list[Any]) -> Any:
 
 
 def gather_across_data_parallel_groups(tensor: Any) -> Any:
-    """``tensor`` from every data-parallel rank, concatenated along the first dimension."""
+    """``tensor`` from every data-parallel rank, concatenated along the first dimension.
+
+    Args:
+        tensor: This rank's tensor.
+    """
     import torch
     import torch.distributed as dist
 

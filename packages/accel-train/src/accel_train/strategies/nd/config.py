@@ -21,6 +21,13 @@ class TorchTensorParallelConfig:
     ``tp_plan`` maps module names (``*`` matches one name component, e.g. ``layers.*.mlp.up``) to a
     style (``"colwise"``, ``"rowwise"``, ``"colwise_rep"``, ``"rowwise_rep"``, ``"sequence_parallel"``)
     or a torch ``ParallelStyle``; without it the model's own ``tp_plan`` / ``_tp_plan`` is used.
+
+    Args:
+        enable_async_tp: Whether torch's asynchronous tensor parallelism (overlapping communication with the
+            matmuls) is asked for; kept on the config, accel's tensor-parallel strategy does not read it.
+            Defaults to `False`.
+        tp_plan: Module-name patterns mapped to tensor-parallel styles, as described above; `None` uses the
+            model's own plan. Defaults to `None`.
     """
 
     enable_async_tp: bool = False
@@ -29,7 +36,12 @@ class TorchTensorParallelConfig:
 
 @dataclass
 class TorchContextParallelConfig:
-    """Settings of the context-parallel dimension: how ranks exchange keys and values."""
+    """Settings of the context-parallel dimension: how ranks exchange keys and values.
+
+    Args:
+        cp_comm_strategy: How the ranks exchange keys and values, `allgather` or `alltoall` (any case).
+            Defaults to `"allgather"`.
+    """
 
     cp_comm_strategy: str = "allgather"
 
@@ -39,7 +51,12 @@ class TorchContextParallelConfig:
 
 @dataclass
 class TorchTensorParallelPlugin:
-    """Deprecated: tensor parallelism through ``ParallelismConfig(tp_size=...)``."""
+    """Deprecated: tensor parallelism through ``ParallelismConfig(tp_size=...)``.
+
+    Args:
+        tp_size: Number of processes each tensor-parallel group spans; at least 1. Defaults to `1`.
+        torch_device_mesh: A ``DeviceMesh`` to use instead of one built from the sizes. Defaults to `None`.
+    """
 
     tp_size: int = 1
     torch_device_mesh: Any = None
@@ -54,6 +71,29 @@ class ParallelismConfig:
     """Sizes of the parallel dimensions; their product is the number of processes.
 
     Sizes left ``None`` take the ``PARALLELISM_CONFIG_*_SIZE`` value the launcher wrote, else 1.
+
+    Args:
+        dp_replicate_size: Number of data-parallel replicas, each holding a full copy of the (sharded) model.
+            Defaults to `None` (launcher value, else `1`).
+        dp_shard_size: Number of processes the model is sharded over inside a replica (FSDP).
+            Defaults to `None` (launcher value, else `1`).
+        tp_size: Size of the tensor-parallel dimension. Defaults to `None` (launcher value, else `1`).
+        cp_size: Size of the context-parallel dimension (the sequence split across ranks in attention).
+            Defaults to `None` (launcher value, else `1`).
+        cp_backend: Context-parallel implementation, `torch` or `deepspeed`. Defaults to `None`.
+        sp_size: Size of the sequence-parallel dimension (DeepSpeed Ulysses); not available in accel's torch mesh.
+            Defaults to `None` (`1`).
+        sp_backend: Sequence-parallel implementation; `deepspeed` makes prepared data loaders Ulysses-aware.
+            Defaults to `None`.
+        pp_size: Size of the pipeline-parallel dimension (an accel extension). Defaults to `None`
+            (launcher value, else `1`).
+        tp_handler: A ``TorchTensorParallelConfig``; `None` builds a default one when ``tp_size`` > 1.
+            Defaults to `None`.
+        cp_handler: A ``TorchContextParallelConfig``; `None` builds one from the launcher's communication strategy
+            when ``cp_size`` > 1. Defaults to `None`.
+        sp_handler: Settings of the sequence-parallel dimension, kept as given. Defaults to `None`.
+        pp_handler: A ``PipelineParallelConfig``; `None` builds a default one when ``pp_size`` > 1.
+            Defaults to `None`.
     """
 
     dp_replicate_size: int | None = None
@@ -172,7 +212,14 @@ class ParallelismConfig:
         return names
 
     def validate_world_size(self, num_processes: int) -> None:
-        """Raise unless the sizes multiply to ``num_processes``, naming the product."""
+        """Raise unless the sizes multiply to ``num_processes``, naming the product.
+
+        Args:
+            num_processes: Number of processes of the run.
+
+        Raises:
+            ValueError: The product of the sizes differs from ``num_processes``.
+        """
         if self.total_size != num_processes:
             shown = [name for name in _SIZES if name != "pp_size" or self.pp_size != 1]  # pp: an accel extension
             product = " x ".join(f"{name.removesuffix('_size')} {getattr(self, name)}" for name in shown)
@@ -183,7 +230,14 @@ class ParallelismConfig:
 
     def build_device_mesh(self, device_type: str) -> Any:
         """The ``DeviceMesh`` of the active dimensions, with the flattened ``dp``, ``dp_shard_cp`` and
-        ``dp_cp`` meshes registered on it (a 1-D mesh of all processes when every size is 1)."""
+        ``dp_cp`` meshes registered on it (a 1-D mesh of all processes when every size is 1).
+
+        Args:
+            device_type: Device type of the mesh, e.g. `cuda` or `cpu`.
+
+        Raises:
+            NotImplementedError: ``sp_size`` is above 1.
+        """
         from torch.distributed.device_mesh import init_device_mesh
 
         if self.sp_size > 1:  # type: ignore[operator]
@@ -205,7 +259,14 @@ class ParallelismConfig:
         return mesh
 
     def get_device_mesh(self, device_type: str | None = None) -> Any:
-        """The mesh built by :meth:`build_device_mesh` (built now for ``device_type`` if not yet)."""
+        """The mesh built by :meth:`build_device_mesh` (built now for ``device_type`` if not yet).
+
+        Args:
+            device_type: Device type used to build the mesh when it does not exist yet. Defaults to `None`.
+
+        Raises:
+            ValueError: The mesh is not built and ``device_type`` is `None`.
+        """
         mesh = getattr(self, "_device_mesh", None)
         if mesh is None:
             if device_type is None:
@@ -215,26 +276,32 @@ class ParallelismConfig:
 
     @property
     def dp_enabled(self) -> bool:
+        """Whether data parallelism is active (``dp_replicate_size`` or ``dp_shard_size`` above 1)."""
         return self.dp_replicate_size > 1 or self.dp_shard_size > 1  # type: ignore[operator]
 
     @property
     def dp_replicate_enabled(self) -> bool:
+        """Whether ``dp_replicate_size`` is above 1."""
         return self.dp_replicate_size > 1  # type: ignore[operator]
 
     @property
     def dp_shard_enabled(self) -> bool:
+        """Whether ``dp_shard_size`` is above 1."""
         return self.dp_shard_size > 1  # type: ignore[operator]
 
     @property
     def tp_enabled(self) -> bool:
+        """Whether ``tp_size`` is above 1."""
         return self.tp_size > 1  # type: ignore[operator]
 
     @property
     def cp_enabled(self) -> bool:
+        """Whether ``cp_size`` is above 1."""
         return self.cp_size > 1  # type: ignore[operator]
 
     @property
     def sp_enabled(self) -> bool:
+        """Whether ``sp_size`` is above 1."""
         return self.sp_size > 1  # type: ignore[operator]
 
 
