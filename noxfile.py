@@ -216,7 +216,7 @@ def clients(session: nox.Session) -> None:
     session.install(*_constraints(), "psutil", "tqdm", "packaging", "pyyaml", "huggingface_hub")
     session.install(
         *_constraints(), "datasets", "tensorboard", "jinja2", "pandas", "pyarrow", "Pillow", "importlib_metadata",
-        "scikit-learn", "scipy",
+        "scikit-learn", "scipy", "requests", "regex", "filelock", "typing_extensions",
     )  # fmt: skip
     session.run("python", "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('accelerate') is not None)")
     _pytest(session, "clients", str(ROOT / "integration_tests" / "clients"))
