@@ -383,7 +383,7 @@ def test_deepspeed_plugin_defaults_and_config_file(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(config_file))
     from_file = DeepSpeedPlugin()
     # With a config file, the file decides what the launcher did not set.
-    assert from_file.hf_ds_config.is_zero3() and from_file.zero_stage is None
+    assert from_file.hf_ds_config.is_zero3() and from_file.zero_stage == 3  # answered from the config (issue 30)
     assert from_file.deepspeed_config["zero_optimization"]["stage"] == 3
     with pytest.raises(ValueError, match="zero_stage=5 is not valid; choose one of \\[0, 1, 2, 3\\]"):
         DeepSpeedPlugin(zero_stage=5)

@@ -36,6 +36,7 @@ MOVED_MODULES: dict[str, str] = {
     "accel_train.strategies.nd_parallel": f"{_S}.nd.strategy",
     "accel_train.tensor_parallel": f"{_S}.nd.tensor_parallel",
     "accel_train.parallelism_config": f"{_S}.nd.config",
+    "accel_train.megatron_plugin": f"{_S}.megatron.plugin",
 }
 
 

@@ -1,15 +1,15 @@
 """The parallelism plugins under one name, and the error for a backend that is not available.
 
 Each plugin lives in its own module (:mod:`~accel_train.strategies.fsdp.plugin`, :mod:`~accel_train.strategies.deepspeed.plugin`,
-:mod:`~accel_train.megatron_plugin`, :mod:`~accel_train.strategies.nd.config`); this module gathers them
+:mod:`~accel_train.strategies.megatron.plugin`, :mod:`~accel_train.strategies.nd.config`); this module gathers them
 for code that imports them from one place.
 """
 
 from __future__ import annotations
 
-from accel_train.megatron_plugin import MegatronLMPlugin
 from accel_train.strategies.deepspeed.plugin import DeepSpeedPlugin
 from accel_train.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
+from accel_train.strategies.megatron.plugin import MegatronLMPlugin
 from accel_train.strategies.nd.config import (
     ParallelismConfig,
     TorchContextParallelConfig,
