@@ -30,7 +30,11 @@ _WRAPPER_NAMES = frozenset(
 
 
 def is_compiled(model: Any) -> bool:
-    """True for the module ``torch.compile`` returns."""
+    """True for the module ``torch.compile`` returns.
+
+    Args:
+        model: Any object; only a compiled module answers True.
+    """
     return hasattr(model, "_orig_mod") and type(model).__name__ == "OptimizedModule"
 
 
@@ -95,7 +99,15 @@ def compile_regions(model: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.M
 
 def compile_regions_in_place(model: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
     """Like :func:`compile_regions`, but with ``nn.Module.compile``: every module keeps its identity, as
-    a DeepSpeed engine or FSDP2-sharded modules need. Returns ``model``."""
+    a DeepSpeed engine or FSDP2-sharded modules need.
+
+    Args:
+        model: The model whose repeated blocks (and the children beside them) are compiled in place.
+        **compile_kwargs: Arguments of ``torch.compile`` (``backend``, ``mode``, ``fullgraph``, ...).
+
+    Returns:
+        ``model`` itself.
+    """
     lists, holders = _regions(model)
     if not lists:
         model.compile(**compile_kwargs)
