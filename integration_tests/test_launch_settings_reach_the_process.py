@@ -25,8 +25,14 @@ _SCRIPT = textwrap.dedent(
         accelerator = Accelerator()
         out["distributed_type"] = accelerator.distributed_type.value
         plugin = accelerator.state.fsdp_plugin
-        out.update({f.name: getattr(plugin, f.name) for f in dataclasses.fields(plugin)
-                    if isinstance(getattr(plugin, f.name), (str, int, bool, list, type(None)))})
+        import enum
+        from accel_train.strategies.fsdp.plugin import setting_name
+        def plain(value):  # the plugin holds torch's types; compare by their documented names
+            if isinstance(value, enum.Enum):
+                return setting_name(value)
+            return bool(value.offload_params) if hasattr(value, "offload_params") else value
+        out.update({f.name: plain(getattr(plugin, f.name)) for f in dataclasses.fields(plugin)
+                    if isinstance(plain(getattr(plugin, f.name)), (str, int, bool, list, type(None)))})
     elif what == "deepspeed":
         from accel_train.deepspeed_plugin import DeepSpeedPlugin
         plugin = DeepSpeedPlugin()
