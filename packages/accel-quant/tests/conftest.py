@@ -9,6 +9,19 @@ import torch
 from quant_models import TinyLM
 
 
+@pytest.fixture(autouse=True)
+def _bnb_tests_target_the_cpu(request, monkeypatch) -> None:
+    """The bitsandbytes tests here check the CPU path; on a machine with a GPU they would load onto it.
+
+    With no device map, ``load_and_quantize_model`` targets the current accelerator; these tests keep the
+    CPU as that target so they mean the same everywhere. ``test_bnb_gpu.py`` covers the CUDA path.
+    """
+    if torch.cuda.is_available() and request.node.path.name != "test_bnb_gpu.py":
+        import accel_quant.bnb as bnb_loading
+
+        monkeypatch.setattr(bnb_loading, "_default_device", lambda: "cpu")
+
+
 @pytest.fixture
 def tiny_model() -> TinyLM:
     torch.manual_seed(0)

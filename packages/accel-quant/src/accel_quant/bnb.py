@@ -211,6 +211,20 @@ def replace_with_bnb_layers(
     return model
 
 
+def _int8_weight(bnb: Any, data: torch.Tensor, device: torch.device) -> nn.Parameter:
+    """``data`` quantized row-wise to int8 on ``device``, as an ``Int8Params`` holding its statistics.
+
+    ``Int8Params.to(device)`` quantizes only when the data comes from the CPU; a weight that was loaded
+    straight onto a GPU would stay full precision. Quantizing with bitsandbytes' own row-wise function
+    where the weight lives gives the same bytes as that move would, on any device.
+    """
+    rows = data.to(device=device, dtype=torch.float16).contiguous()
+    int8, scales, _outliers = bnb.functional.int8_vectorwise_quant(rows)
+    param: Any = bnb.nn.Int8Params(int8, requires_grad=False, has_fp16_weights=False)
+    param.CB, param.SCB = int8, scales
+    return param  # type: ignore[no-any-return]
+
+
 def quantize_bnb_layers(model: nn.Module, device: torch.device | str | None = None) -> nn.Module:
     """Quantize the bitsandbytes layers of ``model`` whose weights are loaded but still full precision.
 
@@ -229,8 +243,10 @@ def quantize_bnb_layers(model: nn.Module, device: torch.device | str | None = No
         if weight.device.type == "meta" or not weight.is_floating_point():
             continue
         target = torch.device(device) if device is not None else weight.device
-        fresh = _quantized_param(bnb, module, weight.data)
-        module.weight = fresh.to(target)
+        if isinstance(module, bnb.nn.Linear8bitLt):
+            module.weight = _int8_weight(bnb, weight.data, target)
+        else:
+            module.weight = _quantized_param(bnb, module, weight.data).to(target)
         if module.bias is not None and module.bias.device != target:
             module.bias = nn.Parameter(module.bias.data.to(target), requires_grad=False)
     return model
