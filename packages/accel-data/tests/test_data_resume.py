@@ -144,7 +144,7 @@ def test_load_state_dict_rejects_foreign_states() -> None:
 
 def test_stateful_opt_in_works_without_torchdata(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without torchdata, use_stateful_dataloader=True is accel's own position (no ImportError)."""
-    from torchdata.stateful_dataloader import StatefulDataLoader
+    StatefulDataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
 
     from accel_data.config import DataLoaderConfiguration
     from accel_data.loaders import DataLoaderShard

@@ -60,8 +60,9 @@ def test_accelerator_state_recovers_after_partial_state_reset() -> None:
     state = AcceleratorState(mixed_precision="no", cpu=True, fsdp_plugin=object())
     PartialState._reset_state()
     again = AcceleratorState()
-    # The process-level half is set up again; what AcceleratorState itself holds is kept.
-    assert again.device.type == "cpu"
+    # The process-level half is set up again (without cpu=True this time, so on the GPU if there is
+    # one, as the documented system does); what AcceleratorState itself holds is kept.
+    assert again.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert PartialState().initialized
     assert again.fsdp_plugin is state.fsdp_plugin
     assert again.distributed_type == "FSDP"
