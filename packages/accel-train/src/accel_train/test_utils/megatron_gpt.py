@@ -4,7 +4,6 @@ Megatron-LM strategy at tp = pp = 1. Needs CUDA and megatron-core."""
 
 from __future__ import annotations
 
-import copy
 import types
 from typing import Any
 
@@ -55,7 +54,7 @@ def compare_with_plain_pytorch(steps: int = 5, lr: float = 1e-3) -> tuple[list[f
     optimizer = torch.optim.AdamW(stub.parameters(), lr=lr, weight_decay=0.0)
     scheduler = MegatronLMDummyScheduler(optimizer, total_num_steps=100)
     model, optimizer, scheduler = accelerator.prepare(stub, optimizer, scheduler)
-    reference = copy.deepcopy(model.module[0].module)  # the bare megatron-core GPTModel, same weights
+    reference = _same_model(model.module[0].module, stub, plugin)
     batches = _batches(steps)
     losses = []
     for batch in batches:
@@ -66,6 +65,21 @@ def compare_with_plain_pytorch(steps: int = 5, lr: float = 1e-3) -> tuple[list[f
         optimizer.zero_grad()
         losses.append(output.loss.item())
     return losses, _by_hand(reference, batches, lr)
+
+
+def _same_model(prepared: torch.nn.Module, stub: torch.nn.Module, plugin: Any) -> torch.nn.Module:
+    """A second bare megatron-core model of the prepared one's config, holding a copy of its weights.
+
+    ``copy.deepcopy`` cannot be used: megatron-core's modules hold process groups, which do not copy.
+    """
+    from accel_train.strategies.megatron import config as translate
+    from accel_train.strategies.megatron.strategy import _core_model
+
+    other = plugin.other_megatron_args or {}
+    facts = translate.model_facts(stub.config, other)
+    reference = _core_model(facts, prepared.config, other, True, True, None).cuda()
+    reference.load_state_dict(prepared.state_dict(), strict=True)
+    return reference
 
 
 def _by_hand(model: Any, batches: list[dict[str, torch.Tensor]], lr: float) -> list[float]:
