@@ -197,3 +197,31 @@ def test_group_is_started_once_and_only_ours_is_destroyed() -> None:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # somebody else's
     assert fsdp_group.start_single_process_group(cpu) is False
     assert fsdp_group.destroy_single_process_group() is False and dist.is_initialized()
+
+
+@pytest.mark.parametrize("version", [2, 1])
+def test_checkpoint_of_a_plain_run_resumes_in_a_launched_one(tmp_path, version: int) -> None:
+    """The whole model of a plain ``python`` run writes the FSDP layout; a launched (sharded) run resumes it."""
+    batches = regression_batches(4, 8)
+    accelerator, model, optimizer = _accel_run(version, "SHARDED_STATE_DICT", launched=False)
+    assert isinstance(model, GainNet)
+    _accel_steps(accelerator, model, optimizer, batches[:2])
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+    saved = {k: v.clone() for k, v in accelerator.get_state_dict(model).items()}
+    moments = optimizer.state_dict()["state"]
+    reset_shared_state()
+
+    accelerator, model, optimizer = _accel_run(version, "SHARDED_STATE_DICT")
+    assert _is_wrapped(model, version)
+    accelerator.load_state(folder)
+    loaded = accelerator.get_state_dict(model)
+    assert set(loaded) == set(saved) and all(torch.equal(loaded[k], saved[k]) for k in saved)
+    state = optimizer.state_dict()["state"]
+    assert len(state) == len(moments) and all(
+        torch.equal(_full(state[i]["exp_avg"]), moments[i]["exp_avg"]) for i in moments
+    )
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
