@@ -187,6 +187,24 @@ def test_fsdp1_config_settings_reach_the_wrapped_model(tmp_path: pathlib.Path) -
     assert {"model.safetensors", "optimizer.bin"} <= {p.name for p in (out / "ckpt").iterdir()}
 
 
+@pytest.mark.parametrize(("version", "wrapped"), [(2, "FSDPNet"), (1, "FullyShardedDataParallel")])
+def test_one_launched_process_is_sharded(tmp_path: pathlib.Path, version: int, wrapped: str) -> None:
+    """``accel launch --use_fsdp --num_processes 1`` shards on a one-rank group, as the documented launcher
+    does (its FSDP run wraps the model whenever it launched the process)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    script = tmp_path / "fsdp_script.py"
+    script.write_text(SCRIPT)
+    flags = ["--cpu", "--num_processes", "1", "--use_fsdp", "--fsdp_version", str(version)]
+    flags += ["--mixed_precision", "bf16", "--fsdp_state_dict_type", "SHARDED_STATE_DICT"]
+    result = run_command([*accel_command(), "launch", *flags, str(script), str(out), "train", "2", "3"], timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    facts = json.loads((out / "facts_train.json").read_text())
+    assert facts["distributed_type"] == "FSDP" and facts["type"] == wrapped
+    assert facts["local"] == 609  # one rank holds every parameter
+    assert (out / "ckpt" / "pytorch_model_fsdp_0" / ".metadata").is_file() and (out / "ckpt" / "optimizer_0").is_dir()
+
+
 @pytest.mark.skipif("not __import__('torch').cuda.is_available() or __import__('torch').cuda.device_count() < 2")
 def test_fsdp2_bf16_offload_on_two_gpus(tmp_path: pathlib.Path) -> None:
     """NCCL, bf16 and CPU offload for real (skipped without two GPUs)."""

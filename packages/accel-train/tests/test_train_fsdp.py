@@ -10,6 +10,7 @@ from fsdp_helpers import Block, BlockNet
 from torch.distributed.fsdp import CPUOffloadPolicy, StateDictType
 
 from accel_state.environment import patch_environment
+from accel_state.testing import reset_shared_state
 from accel_train import FullyShardedDataParallelPlugin
 from accel_train.fsdp_wrap import (
     block_class_names,
@@ -148,6 +149,27 @@ def test_mixed_precision_policies() -> None:
         fsdp1_mixed_precision({"param_dtype": "int3"}, bf16)
 
 
+@pytest.mark.parametrize(("mode", "dtype"), [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_policy_from_mixed_precision_is_the_documented_one(mode: str, dtype: torch.dtype) -> None:
+    """As the documented plugin builds it from ``mixed_precision``: FSDP2 casts the outputs too
+    (``output_dtype``), FSDP1 the buffers (``buffer_dtype``)."""
+    from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+
+    from accel_train import Accelerator
+
+    v2 = FullyShardedDataParallelPlugin(fsdp_version=2)
+    Accelerator(cpu=True, mixed_precision=mode, fsdp_plugin=v2)
+    assert v2.mixed_precision_policy == MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
+    assert fsdp2_mixed_precision_policy(None, (dtype, dtype, dtype)).output_dtype == dtype
+    assert fsdp2_mixed_precision_policy(mode, (None, None, None)).output_dtype == dtype
+    assert fsdp2_mixed_precision_policy({"param_dtype": mode}, (None, None, None)).output_dtype is None  # as given
+    assert fsdp2_mixed_precision_policy(None, (None, None, None)) == MixedPrecisionPolicy()  # fp32: no casts
+    reset_shared_state()
+    v1 = FullyShardedDataParallelPlugin(fsdp_version=1)
+    Accelerator(cpu=True, mixed_precision=mode, fsdp_plugin=v1)
+    assert v1.mixed_precision_policy == MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
+
+
 # -- utilities --------------------------------------------------------------------------------------
 
 
@@ -202,7 +224,7 @@ def test_fsdp2_grad_scaler_is_sharded() -> None:
     assert isinstance(scaler, ShardedGradScaler) and scaler.get_scale() == 8.0
 
 
-# -- one process: the model stays whole, checkpoints keep the FSDP layout -----------------------------------
+# -- one process, not launched (plain python): the model stays whole, checkpoints keep the FSDP layout -----
 
 
 def _one_process(tmp_path, state_dict_type: str):

@@ -71,7 +71,10 @@ def test_policies_are_torchs_objects_after_construction() -> None:
     assert v1.mixed_precision_policy == MixedPrecision(param_dtype=torch.bfloat16)
     assert v1.cpu_offload == CPUOffload(offload_params=True)
     v2 = FullyShardedDataParallelPlugin(fsdp_version=2, mixed_precision_policy="fp16")
-    assert v2.mixed_precision_policy == MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float16)
+    # One dtype name means the outputs too, as the documented plugin builds it.
+    assert v2.mixed_precision_policy == MixedPrecisionPolicy(
+        param_dtype=torch.float16, reduce_dtype=torch.float16, output_dtype=torch.float16
+    )
     assert type(v2.cpu_offload) is OffloadPolicy
     assert FullyShardedDataParallelPlugin(fsdp_version=2, cpu_offload=True).cpu_offload == CPUOffloadPolicy()
     assert FullyShardedDataParallelPlugin().mixed_precision_policy is None
@@ -118,7 +121,9 @@ def test_set_mixed_precision() -> None:
     )
     v2 = FullyShardedDataParallelPlugin(fsdp_version=2)
     v2.set_mixed_precision(torch.bfloat16)
-    assert v2.mixed_precision_policy == MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+    assert v2.mixed_precision_policy == MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, output_dtype=torch.bfloat16
+    )
     with pytest.raises(ValueError, match="unknown mode; choose one of"):
         v2.set_mixed_precision("fp12", override=True)
 

@@ -313,7 +313,8 @@ class FullyShardedDataParallelPlugin:
         self.auto_wrap_policy = fsdp1_auto_wrap_policy(model, self)
 
     def set_mixed_precision(self, mixed_precision: Any, buffer_autocast: bool = False, override: bool = False) -> None:
-        """Build the mixed-precision policy of torch's FSDP version from one mode or dtype.
+        """Build the mixed-precision policy of torch's FSDP version from one mode or dtype: parameters,
+        reductions and buffers (FSDP1) or outputs (FSDP2) all in that dtype.
 
         Args:
             mixed_precision: ``"fp16"``, ``"bf16"``, ``"fp32"``/``"no"`` or a ``torch.dtype``.
@@ -342,7 +343,9 @@ class FullyShardedDataParallelPlugin:
             buffer = torch.float32 if buffer_autocast else dtype
             self.mixed_precision_policy = MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=buffer)
         else:
-            self.mixed_precision_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
+            self.mixed_precision_policy = MixedPrecisionPolicy(
+                param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype
+            )
 
     def validate_mixed_precision_policy(self) -> None:
         """Turn a dict or dtype name given as ``mixed_precision_policy`` into torch's object of the

@@ -10,8 +10,13 @@ Runs on CPU with gloo as on GPUs. torch's CPU limits are handled here: FSDP1 get
 ``device_id=torch.device("cpu")``; full state dicts are gathered without ``offload_to_cpu`` (FSDP1
 crashes with it on CPU) and moved to the CPU afterwards; CPU offload (``cpu_offload`` /
 ``offload_params``) has nothing to do when the parameters already live on the CPU, so it is skipped
-there with a warning. With one process and no process group the model is left whole (there is
-nothing to shard across) and checkpoints keep the FSDP layout.
+there with a warning.
+
+One process: launched (``accel launch --use_fsdp --num_processes 1``, torchrun; ``LOCAL_RANK`` is set), the
+model is sharded on a one-rank group (:mod:`accel_train.strategies.fsdp.group` starts it when the state did
+not), as the documented system does: parameters in the policy's dtype, FSDP checkpoints. A plain
+``python script.py`` leaves the model whole (the documented system ignores the plugin there); its
+checkpoints keep the FSDP layout.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from accel_train import checkpointing as ckpt
 from accel_train.precisions.base import Precision
 from accel_train.strategies.base import CheckpointEntry, ParallelDims, Strategy
 from accel_train.strategies.fsdp import fsdp2
+from accel_train.strategies.fsdp import group as fsdp_group
 from accel_train.strategies.fsdp import state as fsdp_state
 from accel_train.strategies.fsdp.plugin import setting_name
 from accel_train.strategies.fsdp.wrap import (
@@ -155,12 +161,22 @@ class FSDPStrategy(Strategy):
 
         return self.state.num_processes > 1 and dist.is_available() and dist.is_initialized()
 
+    def _shards(self) -> bool:
+        """Whether prepared models are sharded: several processes, or one that a launcher started (its
+        one-rank group is started here when the state did not start one)."""
+        if self._distributed():
+            return True
+        if self.state.num_processes != 1 or not fsdp_group.launched():
+            return False
+        fsdp_group.start_single_process_group(self.device)
+        return True
+
     # -- set-up -----------------------------------------------------------------------------------
 
     def setup_model(
         self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
     ) -> torch.nn.Module:
-        if evaluation_mode or not self._distributed():
+        if evaluation_mode or not self._shards():
             prepared = super().setup_model(model, device_placement, evaluation_mode)
             if not evaluation_mode:
                 self._models.append(_inner(prepared))
@@ -417,7 +433,7 @@ class FSDPStrategy(Strategy):
     def checkpoint_weights(self, model: torch.nn.Module) -> dict[str, Any] | None:
         from accel_state.state import GradientState
 
-        if self._distributed() and not GradientState().sync_gradients:
+        if any(_is_fsdp1(m) or _is_fsdp2(m) for m in self._models) and not GradientState().sync_gradients:
             # FSDP keeps the gradients of skipped syncs unsharded inside its own buffers: they cannot be
             # written and put back per parameter, so a resume from here would not be exact.
             raise ValueError(

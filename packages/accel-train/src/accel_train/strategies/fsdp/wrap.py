@@ -233,7 +233,12 @@ def fsdp1_mixed_precision(plugin_policy: Any, dtypes: tuple[Any, Any, Any]) -> A
 
 
 def fsdp2_mixed_precision_policy(plugin_policy: Any, dtypes: tuple[Any, Any, Any]) -> Any:
-    """FSDP2 ``MixedPrecisionPolicy`` from the plugin's explicit policy, else from the precision's dtypes."""
+    """FSDP2 ``MixedPrecisionPolicy`` from the plugin's explicit policy, else from the precision's dtypes.
+
+    From the dtypes (or one dtype name) the policy casts parameters, gradient reductions and the root's
+    outputs to the same dtype (``output_dtype`` too, as the documented plugin sets it); a dict or
+    torch's object is taken as given.
+    """
     from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
 
     if isinstance(plugin_policy, MixedPrecisionPolicy):
@@ -245,11 +250,14 @@ def fsdp2_mixed_precision_policy(plugin_policy: Any, dtypes: tuple[Any, Any, Any
         )
     explicit = _explicit_dtypes(plugin_policy)
     if explicit is not None:
-        explicit.pop("buffer_dtype", None)  # FSDP2 does not cast buffers
+        buffer = explicit.pop("buffer_dtype", None)  # FSDP2 does not cast buffers
+        if isinstance(plugin_policy, str):
+            explicit["output_dtype"] = buffer  # one dtype name: the forward's outputs too
         return MixedPrecisionPolicy(**explicit)
     if plugin_policy is not None:
         raise TypeError(
             f"mixed_precision_policy must be a MixedPrecisionPolicy, a dict or a dtype name, got {plugin_policy!r}"
         )
     param, reduce, _ = dtypes
-    return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
+    # As the documented plugin builds it from mixed_precision: the outputs come back in the parameters' dtype.
+    return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce, output_dtype=param)

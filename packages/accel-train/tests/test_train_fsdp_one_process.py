@@ -1,0 +1,227 @@
+"""FSDP with one launched process: the model is sharded on a one-rank group, as the documented system does.
+
+A launcher sets ``LOCAL_RANK`` (``accel launch --use_fsdp --num_processes 1``, torchrun); here it is set by
+hand in this process. The run must train exactly like ``fully_shard`` / ``FullyShardedDataParallel``
+applied by hand with the same mixed-precision policy on a one-rank group, and unlike a plain autocast
+run (fp32 parameters); its checkpoints must resume exactly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+from fsdp_helpers import regression_batches
+
+from accel_state.environment import patch_environment
+from accel_state.testing import reset_shared_state
+from accel_train import FullyShardedDataParallelPlugin
+from accel_train.strategies.fsdp import group as fsdp_group
+
+BF16 = torch.bfloat16
+
+
+class GainNet(torch.nn.Module):
+    """Two layers and an elementwise gain: the gain is where bf16 parameters and fp32 ones under autocast
+    part (autocast leaves a multiplication in the wider dtype, FSDP's bf16 copy of the gain is rounded)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(4, 8)
+        self.head = torch.nn.Linear(8, 1)
+        self.gain = torch.nn.Parameter(torch.full((1,), 1.2345678))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.inp(x))) * self.gain
+
+
+@pytest.fixture(autouse=True)
+def _no_group_left() -> Iterator[None]:
+    yield
+    fsdp_group.destroy_single_process_group()
+    if dist.is_initialized():  # a group a test started by hand
+        dist.destroy_process_group()
+    reset_shared_state()
+
+
+def _is_wrapped(model: torch.nn.Module, version: int) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    return isinstance(model, FSDP if version == 1 else FSDPModule)
+
+
+def _accel_run(version: int, state_dict_type: str | None = None, launched: bool = True):
+    from accel_train import Accelerator
+
+    env = {"LOCAL_RANK": "0"} if launched else {}
+    with patch_environment(**env):
+        kwargs = {"fsdp_version": version}
+        if state_dict_type is not None:
+            kwargs["state_dict_type"] = state_dict_type
+        accelerator = Accelerator(
+            cpu=True, mixed_precision="bf16", fsdp_plugin=FullyShardedDataParallelPlugin(**kwargs)
+        )
+        torch.manual_seed(0)
+        model = GainNet()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+        model, optimizer = accelerator.prepare(model, optimizer)
+    return accelerator, model, optimizer
+
+
+def _accel_steps(accelerator, model, optimizer, batches) -> list[float]:
+    losses = []
+    for x, y in batches:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def _by_hand(version: int, batches) -> list[float]:
+    """The same training with torch's FSDP applied by hand on a one-rank group (no accel)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    torch.manual_seed(0)
+    model = GainNet()
+    if version == 2:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = MixedPrecisionPolicy(param_dtype=BF16, reduce_dtype=BF16, output_dtype=BF16)
+        fully_shard(model, mesh=init_device_mesh("cpu", (1,)), mp_policy=policy)
+    else:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import MixedPrecision
+
+        policy = MixedPrecision(param_dtype=BF16, reduce_dtype=BF16, buffer_dtype=BF16)
+        model = FSDP(model, mixed_precision=policy, device_id=torch.device("cpu"), use_orig_params=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    losses = []
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=BF16):
+            out = model(x)
+        loss = torch.nn.functional.mse_loss(out, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    dist.destroy_process_group()
+    return losses
+
+
+@pytest.mark.parametrize("version", [2, 1])
+def test_launched_one_process_trains_as_fsdp_applied_by_hand(version: int) -> None:
+    batches = regression_batches(4, 8)
+    accelerator, model, optimizer = _accel_run(version)
+    assert accelerator.num_processes == 1 and dist.is_initialized() and dist.get_world_size() == 1
+    assert _is_wrapped(model, version)
+    assert str(accelerator.distributed_type) in ("FSDP", "DistributedType.FSDP")
+    ours = _accel_steps(accelerator, model, optimizer, batches)
+    assert fsdp_group.destroy_single_process_group() and not dist.is_initialized()
+    reset_shared_state()
+
+    assert ours == _by_hand(version, batches)
+    reset_shared_state()
+
+    # Not launched (a plain ``python script.py``): the plugin is not applied, the model trains under
+    # autocast with fp32 parameters, as in the documented system, and the losses part.
+    accelerator, model, optimizer = _accel_run(version, launched=False)
+    assert isinstance(model, GainNet) and not _is_wrapped(model, version) and not dist.is_initialized()
+    plain = _accel_steps(accelerator, model, optimizer, batches)
+    assert plain != ours
+
+
+@pytest.mark.parametrize(
+    ("version", "state_dict_type", "layout"),
+    [
+        (2, "SHARDED_STATE_DICT", {"pytorch_model_fsdp_0", "optimizer_0"}),
+        (1, "SHARDED_STATE_DICT", {"pytorch_model_fsdp_0", "optimizer_0"}),
+        (2, "FULL_STATE_DICT", {"model.safetensors", "optimizer.bin"}),
+        (1, "FULL_STATE_DICT", {"model.safetensors", "optimizer.bin"}),
+    ],
+)
+def test_launched_one_process_checkpoint_resumes_exactly(
+    tmp_path, version: int, state_dict_type: str, layout: set[str]
+) -> None:
+    batches = regression_batches(4, 8)
+    accelerator, model, optimizer = _accel_run(version, state_dict_type)
+    assert _is_wrapped(model, version)
+    _accel_steps(accelerator, model, optimizer, batches[:2])
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+    assert layout <= set(os.listdir(folder))
+    after_save = _accel_steps(accelerator, model, optimizer, batches[2:])
+    accelerator.load_state(folder)
+    assert _accel_steps(accelerator, model, optimizer, batches[2:]) == after_save
+
+
+def test_launched_one_process_refuses_a_save_between_accumulation_steps(tmp_path) -> None:
+    from accel_train import Accelerator
+
+    with patch_environment(LOCAL_RANK="0"):
+        accelerator = Accelerator(
+            cpu=True, gradient_accumulation_steps=2, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2)
+        )
+        model = GainNet()
+        model, _ = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = regression_batches(1, 4)[0]
+    with accelerator.accumulate(model):
+        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+    with pytest.raises(ValueError, match="between two optimizer steps of gradient accumulation"):
+        accelerator.save_state(str(tmp_path / "mid"))
+
+
+# -- the one-rank group -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [({}, False), ({"LOCAL_RANK": "0"}, True), ({"LOCAL_RANK": "-1"}, False), ({"LOCAL_RANK": " "}, False)],
+)
+def test_launched_reads_local_rank(environ: dict, expected: bool) -> None:
+    assert fsdp_group.launched(environ) is expected
+
+
+def test_group_is_started_once_and_only_ours_is_destroyed() -> None:
+    cpu = torch.device("cpu")
+    assert fsdp_group.start_single_process_group(cpu) is True
+    assert dist.get_world_size() == 1 and dist.get_backend() == "gloo"
+    assert fsdp_group.start_single_process_group(cpu) is False  # a group exists: kept
+    assert fsdp_group.destroy_single_process_group() is True and not dist.is_initialized()
+    assert fsdp_group.destroy_single_process_group() is False
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # somebody else's
+    assert fsdp_group.start_single_process_group(cpu) is False
+    assert fsdp_group.destroy_single_process_group() is False and dist.is_initialized()
+
+
+@pytest.mark.parametrize("version", [2, 1])
+def test_checkpoint_of_a_plain_run_resumes_in_a_launched_one(tmp_path, version: int) -> None:
+    """The whole model of a plain ``python`` run writes the FSDP layout; a launched (sharded) run resumes it."""
+    batches = regression_batches(4, 8)
+    accelerator, model, optimizer = _accel_run(version, "SHARDED_STATE_DICT", launched=False)
+    assert isinstance(model, GainNet)
+    _accel_steps(accelerator, model, optimizer, batches[:2])
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+    saved = {k: v.clone() for k, v in accelerator.get_state_dict(model).items()}
+    moments = optimizer.state_dict()["state"]
+    reset_shared_state()
+
+    accelerator, model, optimizer = _accel_run(version, "SHARDED_STATE_DICT")
+    assert _is_wrapped(model, version)
+    accelerator.load_state(folder)
+    loaded = accelerator.get_state_dict(model)
+    assert set(loaded) == set(saved) and all(torch.equal(loaded[k], saved[k]) for k in saved)
+    state = optimizer.state_dict()["state"]
+    assert len(state) == len(moments) and all(
+        torch.equal(_full(state[i]["exp_avg"]), moments[i]["exp_avg"]) for i in moments
+    )
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
