@@ -17,9 +17,13 @@ from train_helpers import regression_dataset
 from accel_state.imports import is_deepspeed_available
 from accel_state.testing import DistributedPool, reset_shared_state
 
-pytestmark = pytest.mark.skipif(
-    not is_deepspeed_available(), reason='needs DeepSpeed: pip install "accel-train[deepspeed]"'
-)
+pytestmark = [
+    pytest.mark.skipif(not is_deepspeed_available(), reason='needs DeepSpeed: pip install "accel-train[deepspeed]"'),
+    # A run that keeps working is only slow (two ranks importing DeepSpeed and building its ops on a
+    # loaded machine take minutes); a hang is caught by the pool's idle limit below, so the per-test
+    # limit is only the ceiling for a rank that spins.
+    pytest.mark.timeout(1800),
+]
 
 STEPS = 6
 BATCH = 4
@@ -27,6 +31,7 @@ BATCH = 4
 
 @pytest.fixture(scope="module")
 def ds_pool():
+    # 400 s in which the ranks use no CPU (see accel_state.testing): a hang, not a loaded machine.
     with DistributedPool(world_size=2, timeout=400) as pool:
         yield pool
 
