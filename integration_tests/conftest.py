@@ -1,23 +1,98 @@
-"""Helpers for end-to-end tests: run the real ``accel`` command (or a script) in a subprocess."""
+"""Helpers for end-to-end tests: run the real ``accel`` command (or a script) in a subprocess, signal a
+running launch once its job has taken some steps, and compare the results of ``faults_job.py`` runs."""
 
 from __future__ import annotations
 
 import os
 import pathlib
+import signal
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _full_env(env: dict[str, str] | None) -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
 
 
 def run_command(
     args: list[str], timeout: float = 300, env: dict[str, str] | None = None, cwd: str | None = None
 ) -> subprocess.CompletedProcess:
     """Run ``args`` with this interpreter's environment (plus ``env``); output captured as text."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd, check=False)
+    return subprocess.run(
+        args, capture_output=True, text=True, timeout=timeout, env=_full_env(env), cwd=cwd, check=False
+    )
+
+
+def signal_after_steps(
+    args: list[str],
+    steps_file: pathlib.Path,
+    min_steps: int,
+    sig: signal.Signals,
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+    exit_timeout: float = 180,
+    must_be_running: bool = True,
+) -> tuple[int, str]:
+    """Start ``args``, send ``sig`` once ``steps_file`` has ``min_steps`` lines, and wait for it to end.
+
+    The job (``faults_job.py`` with ``MARK_STEPS=1``) writes a line to ``steps_file`` per step. The
+    command runs with this interpreter's environment plus ``env``; stdout and stderr are read together.
+    Whatever happens, the process is killed before returning if it still runs.
+
+    Args:
+        args: the command line (the real ``accel launch ...``, or ``srun ...``).
+        steps_file: the file the job marks its steps in.
+        min_steps: how many steps to wait for before signalling.
+        sig: the signal to send (SIGTERM, SIGUSR1 ...).
+        env: variables added to the environment.
+        timeout: how long to wait for the steps before signalling anyway.
+        exit_timeout: how long the process may take to end after the signal.
+        must_be_running: fail (AssertionError) when the command ended before the signal was sent.
+
+    Returns:
+        ``(returncode, output)``.
+    """
+    process = subprocess.Popen(args, env=_full_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and process.poll() is None:
+            if steps_file.exists() and len(steps_file.read_text().splitlines()) >= min_steps:
+                break
+            time.sleep(0.2)
+        if must_be_running:
+            assert process.poll() is None, "the job ended before it could be preempted"
+        process.send_signal(sig)
+        out, _ = process.communicate(timeout=exit_timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    return process.returncode, out
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def final_weights(project: pathlib.Path) -> list[dict[str, torch.Tensor]]:
+    """The final weights ``faults_job.py`` wrote in ``project`` (ranks 0 and 1)."""
+    return [load_file(str(project / f"final_{rank}.safetensors")) for rank in (0, 1)]
+
+
+def same_weights(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> bool:
+    """True when two runs' :func:`final_weights` are equal to the bit."""
+    return all(x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(a, b))
 
 
 def accel_command() -> list[str]:

@@ -134,6 +134,39 @@ def test_workers_die_with_a_sigkilled_launcher_and_the_store_is_on_loopback(tmp_
             os.kill(pid, signal.SIGKILL)
 
 
+RESTARTED = (
+    """
+import os
+if os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
+    raise SystemExit(3)  # the first round fails: the group is restarted in a new rendezvous round
+"""
+    + REPORT
+)
+
+
+def test_with_restarts_the_store_of_each_round_is_the_launchers_on_loopback(tmp_path: Path) -> None:
+    script = tmp_path / "restarted.py"
+    script.write_text(RESTARTED)
+    out = tmp_path / "out"
+    out.mkdir()
+    command = [*accel_command(), "launch", "--cpu", "--num_processes", "2", "--max_restarts", "1"]
+    launcher = _start([*command, str(script), str(out), "120"])
+    try:
+        assert _wait_for(lambda: len(_records(out)) == 2, 240), launcher.stderr.read() if launcher.poll() else ""
+        (address, port), second = (record["master"] for record in _records(out))
+        assert second == [address, port] and address == "127.0.0.1", second  # the workers' store of round 2
+        listening = _listening(launcher.pid)
+        assert ("127.0.0.1", int(port)) in listening, listening  # hosted by the launcher ...
+        assert all(host == "127.0.0.1" for host, _ in listening), listening  # ... on loopback, as its other store
+        for worker in _children(launcher.pid):
+            assert int(port) not in {p for _, p in _listening(worker)}  # not by worker rank 0
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        for pid in _children(launcher.pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 FAILS = """
 import sys, time
 from accel_state.state import PartialState

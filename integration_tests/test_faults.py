@@ -15,12 +15,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 import torch
-from conftest import ROOT, accel_command, run_command
-from safetensors.torch import load_file
+from conftest import ROOT, accel_command, final_weights, free_port, run_command, same_weights, signal_after_steps
 
 JOB = str(ROOT / "integration_tests" / "faults_job.py")
 LAUNCH_TIMEOUT = 600
@@ -30,28 +28,12 @@ def _launch(args: list[str], project: pathlib.Path, env: dict[str, str] | None =
     return run_command([*accel_command(), "launch", "--cpu", *args, JOB, str(project)], timeout=LAUNCH_TIMEOUT, env=env)
 
 
-def _final(project: pathlib.Path) -> list[dict[str, torch.Tensor]]:
-    return [load_file(str(project / f"final_{rank}.safetensors")) for rank in (0, 1)]
-
-
-def _same(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> bool:
-    return all(x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(a, b))
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, torch.Tensor]]:
     project = tmp_path_factory.mktemp("uninterrupted")
     done = _launch(["--num_processes", "2"], project)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    return _final(project)
+    return final_weights(project)
 
 
 def test_killed_workers_restart_and_resume_exactly(tmp_path: pathlib.Path, uninterrupted: list) -> None:
@@ -65,11 +47,11 @@ def test_killed_workers_restart_and_resume_exactly(tmp_path: pathlib.Path, unint
     assert "attempt 2: resumed at batch 9" in text
     assert "attempt 3: resumed at batch 12" in text
     assert "DONE attempt 3 batches 16" in text
-    assert _same(_final(tmp_path), uninterrupted)
+    assert same_weights(final_weights(tmp_path), uninterrupted)
 
 
 def test_two_machines_one_killed_both_restart_and_resume_exactly(tmp_path: pathlib.Path, uninterrupted: list) -> None:
-    port = _free_port()
+    port = free_port()
     common = [
         *accel_command(),
         "launch",
@@ -113,33 +95,21 @@ def test_two_machines_one_killed_both_restart_and_resume_exactly(tmp_path: pathl
     assert [m.returncode for m in machines] == [0, 0], "\n=====\n".join(o[-4000:] for o in outputs)
     for out in outputs:  # both machines' groups were restarted and loaded checkpoint_0 (batch 3)
         assert "resumed at batch 3" in out, out[-4000:]
-    assert _same(_final(tmp_path), uninterrupted)
+    assert same_weights(final_weights(tmp_path), uninterrupted)
 
 
 def test_sigterm_to_launcher_saves_exits_143_and_resumes_exactly(tmp_path: pathlib.Path, uninterrupted: list) -> None:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    env.update({"PREEMPT_SAVE": "1", "SLOW_STEP": "0.3", "MARK_STEPS": "1"})
-    launcher = subprocess.Popen(
-        [*accel_command(), "launch", "--cpu", "--num_processes", "2", JOB, str(tmp_path)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
     steps = tmp_path / "steps.log"
-    try:
-        deadline = time.monotonic() + LAUNCH_TIMEOUT
-        while time.monotonic() < deadline and launcher.poll() is None:
-            if steps.exists() and len(steps.read_text().splitlines()) >= 4:
-                break
-            time.sleep(0.2)
-        assert launcher.poll() is None, "the job ended before it could be preempted"
-        launcher.send_signal(signal.SIGTERM)
-        out, _ = launcher.communicate(timeout=120)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-    assert launcher.returncode == 143, out[-4000:]
+    code, out = signal_after_steps(
+        [*accel_command(), "launch", "--cpu", "--num_processes", "2", JOB, str(tmp_path)],
+        steps,
+        4,
+        signal.SIGTERM,
+        env={"PREEMPT_SAVE": "1", "SLOW_STEP": "0.3", "MARK_STEPS": "1"},
+        timeout=LAUNCH_TIMEOUT,
+        exit_timeout=120,
+    )
+    assert code == 143, out[-4000:]
     assert "preemption requested (SIGTERM)" in out, out[-4000:]
     stopped_at = int(steps.read_text().splitlines()[-1].split()[1])
     checkpoints = sorted(os.listdir(tmp_path / "checkpoints"), key=lambda n: int(n.split("_")[1]))
@@ -151,7 +121,7 @@ def test_sigterm_to_launcher_saves_exits_143_and_resumes_exactly(tmp_path: pathl
     text = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, text[-4000:]
     assert f"resumed at batch {stopped_at}," in text  # the step under way when SIGTERM came was kept
-    assert _same(_final(tmp_path), uninterrupted)
+    assert same_weights(final_weights(tmp_path), uninterrupted)
 
 
 HANG = textwrap.dedent(

@@ -194,3 +194,26 @@ def test_pool_reports_which_rank_failed_and_recovers(dist_pool: DistributedPool)
     with pytest.raises(DistributedTestFailure, match="(?s)failed on rank\\(s\\) \\[1\\].*only rank one breaks"):
         dist_pool.run(failing_on_rank_one)
     assert [r["rank"] for r in dist_pool.run(process_control)] == [0, 1]
+
+
+def busy_for(seconds: float) -> str:
+    end, spins = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        spins += 1
+    return "done"
+
+
+def idle_for(seconds: float) -> str:
+    time.sleep(seconds)
+    return "not reached"
+
+
+def test_pool_timeout_counts_idle_time_only(dist_pool: DistributedPool) -> None:
+    # Ranks that keep the CPU busy past the timeout are slow, not hung (a loaded machine): the call waits.
+    assert dist_pool.run(busy_for, 8.0, timeout=3) == ["done", "done"]
+    # Ranks that use no CPU (blocked, as in a hang) fail the call once the timeout has passed.
+    start = time.monotonic()
+    with pytest.raises(DistributedTestFailure, match=r"did not answer within 3 s in which the ranks used no CPU"):
+        dist_pool.run(idle_for, 120.0, timeout=3)
+    assert time.monotonic() - start < 60
+    assert [r["rank"] for r in dist_pool.run(process_control)] == [0, 1]  # restarted, usable again

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 import torch
@@ -17,17 +18,31 @@ from train_helpers import regression_dataset
 from accel_state.imports import is_deepspeed_available
 from accel_state.testing import DistributedPool, reset_shared_state
 
-pytestmark = pytest.mark.skipif(
-    not is_deepspeed_available(), reason='needs DeepSpeed: pip install "accel-train[deepspeed]"'
-)
+pytestmark = [
+    pytest.mark.skipif(not is_deepspeed_available(), reason='needs DeepSpeed: pip install "accel-train[deepspeed]"'),
+    # A run that keeps working is only slow (building DeepSpeed's CPU Adam on a loaded machine took
+    # 15 minutes); a hang is caught by the pool's idle limit below, so the per-test limit is only the
+    # ceiling for a rank that spins.
+    pytest.mark.timeout(3600),
+]
 
 STEPS = 6
 BATCH = 4
 
 
+def _extensions_dir() -> dict[str, str]:
+    """DeepSpeed's compiled ops in this environment's own folder: torch's shared default
+    (~/.cache/torch_extensions) is rebuilt whenever another environment (another checkout's venv, other
+    include paths) built the same op in between, which is what made these tests take minutes."""
+    if os.environ.get("TORCH_EXTENSIONS_DIR") or sys.prefix == sys.base_prefix:
+        return {}
+    return {"TORCH_EXTENSIONS_DIR": os.path.join(sys.prefix, "torch_extensions")}
+
+
 @pytest.fixture(scope="module")
 def ds_pool():
-    with DistributedPool(world_size=2, timeout=400) as pool:
+    # 400 s in which the ranks use no CPU (see accel_state.testing): a hang, not a loaded machine.
+    with DistributedPool(world_size=2, timeout=400, env=_extensions_dir()) as pool:
         yield pool
 
 

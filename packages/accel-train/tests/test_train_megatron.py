@@ -219,3 +219,37 @@ def test_bert_and_t5_train_steps_make_megatron_inputs() -> None:
     assert enc_mask.shape == (1, 1, 3, 3) and enc_mask[0, 0, 0].tolist() == [False, False, True]
     assert dec_mask[0, 0].tolist() == [[False, True], [False, False]]  # causal
     assert enc_dec_mask.shape == (1, 1, 2, 3) and enc_dec_mask[0, 0, 1].tolist() == [False, False, True]
+
+
+def test_each_train_step_calls_its_model_and_binds_the_loss_mask() -> None:
+    from accel_train.strategies.megatron import BertTrainStep, T5TrainStep
+
+    calls: list[tuple] = []
+
+    def model(*args, **kwargs):
+        calls.append((args, kwargs))
+        return torch.tensor([[2.0, 4.0, 6.0]])
+
+    labels = torch.tensor([[-100, 1, 2]])
+    batch = {"input_ids": torch.tensor([[3, 4, 5]]), "labels": labels, "token_type_ids": torch.zeros(1, 3)}
+    for cls in (GPTTrainStep, BertTrainStep, T5TrainStep):
+        step = cls(None)
+        assert step.name == cls.__name__
+        output, loss_func = step.forward_step(iter([dict(batch)]), model)
+        assert output.tolist() == [[2.0, 4.0, 6.0]]
+        loss, logged = loss_func(output)
+        assert loss.item() == 5.0 and logged["lm loss"].item() == 5.0  # position 0 masked out
+    gpt_args, bert_args, t5_args = calls
+    assert gpt_args[1]["labels"].tolist() == [[0, 1, 2]] and len(gpt_args[0]) == 3
+    assert bert_args[1]["lm_labels"].tolist() == [[0, 1, 2]] and "tokentype_ids" in bert_args[1]
+    assert t5_args[1]["lm_labels"].tolist() == [[0, 1, 2]] and len(t5_args[0]) == 5
+    # BERT's model may return (lm loss, binary head): the loss is the first.
+    loss, _ = BertTrainStep(None).loss_func(torch.tensor([[0.0, 1.0]]), (torch.tensor([[9.0, 3.0]]), None))
+    assert loss.item() == 3.0
+
+
+def test_a_custom_step_keeps_the_name_of_the_step_it_subclasses() -> None:
+    class MyStep(GPTTrainStep):
+        pass
+
+    assert MyStep(None).name == "GPTTrainStep"

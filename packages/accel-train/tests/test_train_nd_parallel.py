@@ -311,3 +311,31 @@ def rank_cp_attention() -> float:  # pragma: no cover - GPU only
     chunks = full.chunk(4, dim=2)
     expected = torch.cat([chunks[rank], chunks[3 - rank]], dim=2)
     return (local - expected).abs().max().item()
+
+
+def test_the_optimizer_follows_replaced_parameters_with_its_state() -> None:
+    from accel_train.strategies.base import parameter_locations, rebind_optimizer_parameters
+
+    models = [torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Linear(2, 1))]
+    optimizer = torch.optim.Adam(
+        [{"params": list(models[0].parameters())}, {"params": list(models[1].parameters()), "lr": 0.5}]
+    )
+    models[0](torch.ones(1, 2)).sum().backward()
+    models[1](torch.ones(1, 2)).sum().backward()
+    optimizer.step()  # state for every parameter
+    saved = {name: optimizer.state[p]["exp_avg"] for name, p in models[0].named_parameters()}
+    locations = parameter_locations(models, lambda name: f"x.{name}")
+    assert locations[id(models[1][0].weight)] == (1, "x.0.weight")
+    new_params = [
+        {f"x.{name}": torch.nn.Parameter(p.detach().clone()) for name, p in m.named_parameters()} for m in models
+    ]
+    rebind_optimizer_parameters(optimizer, locations, new_params)
+    expected = [
+        [new_params[0]["x.weight"], new_params[0]["x.bias"]],
+        [new_params[1]["x.0.weight"], new_params[1]["x.0.bias"]],
+    ]
+    for group, params in zip(optimizer.param_groups, expected):
+        assert len(group["params"]) == 2 and all(a is b for a, b in zip(group["params"], params))
+    assert optimizer.param_groups[1]["lr"] == 0.5
+    assert optimizer.state[new_params[0]["x.weight"]]["exp_avg"] is saved["weight"]
+    assert len(optimizer.state) == 4  # nothing left under the old parameters

@@ -22,9 +22,11 @@ from accel_data.loaders import DataLoaderShard, DataLoaderStateMixin, SkipDataLo
 from accel_data.mesh import data_parallel_coordinates
 from accel_data.samplers import (
     BatchSamplerShard,
+    GeneratorOwner,
     IterableDatasetShard,
     SeedableRandomSampler,
     SkipBatchSampler,
+    generator_owner,
 )
 
 __all__ = [
@@ -205,12 +207,8 @@ def prepare_data_loader(
     new_batch_sampler: Any = None if is_iterable else batch_sampler
 
     shard = (num_processes != 1 or state.distributed_type == DistributedType.MEGATRON_LM) and not dispatch_batches
-    # A random sampler that is sharded gets its own generator, so that shuffling is the same on every
-    # process and an epoch's order can be replayed when resuming. In one process (or when dispatching)
-    # it keeps drawing from torch's global generator at each epoch, as in the documented system: the
-    # same seed then gives the same batches and every later random draw stays in step. A loader that
-    # opted in to resuming at the saved batch (use_stateful_dataloader=True) owns its generator too, so
-    # that the saved position replays exactly.
+    # Who shuffles a random sampler without a generator: the rule is generator_owner's (a sharded or
+    # resumable loader gives it one; otherwise torch's global generator, as in the documented system).
     sampler: Any = get_sampler(dataloader)
     if not is_iterable and isinstance(sampler, RandomSampler):
         if use_seedable_sampler and not isinstance(sampler, SeedableRandomSampler):
@@ -224,7 +222,13 @@ def prepare_data_loader(
             )
             new_batch_sampler = _with_sampler(batch_sampler, seeded)
             sampler = seeded
-        elif not use_seedable_sampler and sampler.generator is None and (shard or use_stateful_dataloader):
+        elif (
+            not use_seedable_sampler
+            and generator_owner(
+                has_generator=sampler.generator is not None, sharded=shard, resumable=use_stateful_dataloader
+            )
+            is GeneratorOwner.LOADER
+        ):
             owned = copy.copy(sampler)
             owned.generator = torch.Generator().manual_seed(_shared_seed())
             new_batch_sampler = _with_sampler(batch_sampler, owned)

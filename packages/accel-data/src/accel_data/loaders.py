@@ -24,10 +24,12 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 
 from accel_data.samplers import (
     BatchSamplerShard,
+    GeneratorOwner,
     IterableDatasetShard,
     SeedableRandomSampler,
     SkipBatchSampler,
     find_generators,
+    generator_owner,
     set_epoch_on,
 )
 
@@ -273,7 +275,12 @@ class DataLoaderStateMixin:
 
     def _draws_from_global_generator(self) -> bool:
         sampler = getattr(self.batch_sampler, "sampler", None)  # type: ignore[attr-defined]
-        return isinstance(sampler, RandomSampler) and sampler.generator is None
+        # prepared already: a sampler the loader was to own a generator for holds it (see generator_owner)
+        return (
+            isinstance(sampler, RandomSampler)
+            and generator_owner(has_generator=sampler.generator is not None, sharded=False, resumable=False)
+            is GeneratorOwner.GLOBAL
+        )
 
     def _seedable_sampler(self) -> SeedableRandomSampler | None:
         node, seen = (self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler), set()  # type: ignore[attr-defined]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterator
 from typing import Any
 
@@ -9,6 +10,45 @@ import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
 
 from accel_data import sharding
+
+
+class GeneratorOwner(enum.Enum):
+    """Who holds the generator a random sampler shuffles with (see :func:`generator_owner`)."""
+
+    #: the sampler's own generator (the user's, or one a prepared loader gave it)
+    SAMPLER = "sampler"
+    #: none yet: the prepared loader gives the sampler one, seeded alike on every process
+    LOADER = "loader"
+    #: torch's global generator, drawn from at each epoch (the documented one-process behaviour)
+    GLOBAL = "global"
+
+
+def generator_owner(*, has_generator: bool, sharded: bool, resumable: bool) -> GeneratorOwner:
+    """The generator-ownership rule of a ``RandomSampler`` in a prepared data loader.
+
+    A sampler with a generator keeps it. One without shuffles each epoch from torch's global
+    generator, as in the documented system (the same seed gives the same batches and every later
+    random draw stays in step), unless the loader is sharded over processes or opted in to resuming
+    at the saved batch: then the loader gives it a generator of its own, so that every process
+    shuffles alike and a saved position replays exactly.
+
+    ``prepare_data_loader`` asks it of the user's sampler; a prepared loader asks it of its own
+    sampler with ``sharded=False, resumable=False``, since by then a sampler that was to get a
+    generator holds one (a loader built directly keeps its sampler as it was given).
+
+    Args:
+        has_generator: the sampler has a ``generator`` of its own.
+        sharded: the loader shards the data over processes (several processes, not dispatching).
+        resumable: the loader opted in to resuming at the saved batch (``use_stateful_dataloader=True``).
+
+    Returns:
+        ``SAMPLER``, ``LOADER`` (the loader is to give the sampler a generator) or ``GLOBAL``.
+    """
+    if has_generator:
+        return GeneratorOwner.SAMPLER
+    if sharded or resumable:
+        return GeneratorOwner.LOADER
+    return GeneratorOwner.GLOBAL
 
 
 class SeedableRandomSampler(RandomSampler):

@@ -47,8 +47,9 @@ def restart_environment(plan: LaunchPlan) -> dict[str, str]:
     """Variables the elastic agent needs so that restarts work every time.
 
     With c10d rendezvous and restarts, each round gets a fresh store for the workers (hosted by
-    worker rank 0 on a new port) instead of the agent's long-lived one, whose keys from the previous
-    attempt would otherwise be read by the new one. A value the user set is kept.
+    worker rank 0 on a new port; on one machine by the launcher, on loopback, see
+    ``process_guard.worker_stores_on_loopback``) instead of the agent's long-lived one, whose keys
+    from the previous attempt would otherwise be read by the new one. A value the user set is kept.
     """
     if rendezvous_backend(plan) == "static" or int(plan.values.get("max_restarts") or 0) == 0:
         return {}

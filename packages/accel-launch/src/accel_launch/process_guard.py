@@ -1,5 +1,6 @@
 """Keeping a launch to itself: the workers die with the launcher, a one-machine store listens on
-loopback only, and SIGUSR1 (SLURM's advance warning) stops the run as SIGTERM does.
+loopback only (the rendezvous store, and with c10d restarts each round's store of the workers), and
+SIGUSR1 (SLURM's advance warning) stops the run as SIGTERM does.
 
 Each piece is a context manager around torch.distributed.run called in the launcher's process: it
 changes how that process creates the store and the worker processes for the length of the run only.
@@ -84,6 +85,56 @@ def store_served_on(sock: socket.socket | None) -> Iterator[None]:
         c10d_rendezvous_backend.TCPStore = base  # type: ignore[misc]
         for left in held:
             left.close()
+
+
+@contextlib.contextmanager
+def worker_stores_on_loopback(enabled: bool) -> Iterator[None]:
+    """While the block runs, each rendezvous round's store of the workers is hosted by the launcher on
+    ``127.0.0.1`` (a fresh one per round), instead of by worker rank 0 on every interface.
+
+    For a one-machine c10d run with restarts, where ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` gives each
+    round a store of its own (see ``commands_build.restart_environment``): torch would publish a free
+    port and let worker rank 0 start a store there, listening on all interfaces. Here the launcher
+    starts that round's store itself on a loopback socket and the workers connect to it as clients
+    (``TORCHELASTIC_USE_AGENT_STORE=True``); the previous round's store is released when the next
+    round begins.
+
+    Args:
+        enabled: False leaves torch as it is (several machines, another rendezvous, a shared store).
+    """
+    if not enabled:
+        yield
+        return
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import api
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    info = api.RendezvousStoreInfo
+    base_build = info.__dict__["build"]
+    base_flag = DynamicRendezvousHandler.__dict__["use_agent_store"]
+    current: list[Any] = []
+
+    def build(rank: int, store: Any, local_addr: str | None, server_port: int | None = None) -> Any:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(512)
+        port = int(sock.getsockname()[1])
+        server = dist.TCPStore(
+            "127.0.0.1", port, is_master=True, wait_for_workers=False, master_listen_fd=sock.detach()
+        )
+        current[:] = [server]  # the previous round's store (its workers are gone) is released
+        store.set(info.MASTER_ADDR_KEY, b"127.0.0.1")
+        store.set(info.MASTER_PORT_KEY, str(port).encode())
+        return info(master_addr="127.0.0.1", master_port=port)
+
+    info.build = staticmethod(build)  # type: ignore[method-assign, assignment]
+    DynamicRendezvousHandler.use_agent_store = property(lambda self: True)  # type: ignore[method-assign, assignment]
+    try:
+        yield
+    finally:
+        info.build = base_build  # type: ignore[method-assign]
+        DynamicRendezvousHandler.use_agent_store = base_flag  # type: ignore[method-assign]
+        current.clear()
 
 
 def parent_death_hook() -> Callable[[], None] | None:

@@ -22,6 +22,7 @@ from accel_launch.commands_build import (
     deepspeed_command,
     deepspeed_env_file_lines,
     mpirun_command,
+    rendezvous_backend,
     restart_environment,
     script_command,
     torchrun_args,
@@ -33,6 +34,7 @@ from accel_launch.process_guard import (
     reserve_loopback_port,
     store_served_on,
     usr1_as_sigterm,
+    worker_stores_on_loopback,
     workers_die_with_launcher,
 )
 from accel_launch.values import ConfigError
@@ -229,7 +231,17 @@ def run_torchrun(plan: LaunchPlan, port: int, store_socket: socket.socket | None
     for key, value in restart_environment(plan).items():
         os.environ.setdefault(key, value)
     try:
-        with store_served_on(store_socket), workers_die_with_launcher(probe), usr1_as_sigterm():
+        per_round_loopback = (
+            store_socket is not None
+            and rendezvous_backend(plan) == "c10d"
+            and os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1"
+        )
+        with (
+            store_served_on(store_socket),
+            worker_stores_on_loopback(per_round_loopback),
+            workers_die_with_launcher(probe),
+            usr1_as_sigterm(),
+        ):
             run(args)
     except SignalException as error:
         if not plan.values.get("quiet"):

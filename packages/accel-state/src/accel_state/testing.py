@@ -5,7 +5,14 @@ multi-rank tests use.
 ``world_size`` processes (and their process group) alive between calls, so a test suite pays for
 process start-up once. In both, ``fn`` must be importable by name (defined at module level) and its
 arguments and results picklable. An exception on any rank is re-raised here with every rank's
-traceback; a rank that does not answer within ``timeout`` seconds fails the call instead of hanging.
+traceback; a rank that does not answer fails the call instead of hanging.
+
+``timeout`` counts idle time: the seconds a call may go without an answer *while the ranks do no
+work*. As long as the rank processes (or processes they started, such as a compiler building an
+extension) keep using CPU, they are slow, not hung, and the wait goes on; on a loaded machine a
+long call therefore does not fail for want of CPU. A hang (ranks blocked in a collective or a lock,
+using no CPU) fails after ``timeout`` seconds as before. A rank that spins forever is left to the
+test runner's own limit (pytest-timeout). Where ``/proc`` is missing, ``timeout`` is wall time.
 """
 
 from __future__ import annotations
@@ -14,10 +21,50 @@ import multiprocessing as mp
 import os
 import queue as queue_module
 import socket
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
+
+#: how often an unanswered call looks at the ranks' CPU time (seconds)
+_POLL_SECONDS = 2.0
+#: the share of one CPU the ranks must use over a poll for the wait to count as work, not idleness
+_BUSY_SHARE = 0.02
+
+
+def _tree_cpu_seconds(roots: list[int]) -> float | None:
+    """CPU seconds used so far by the processes ``roots`` and every process below them.
+
+    Read from ``/proc`` (user + system time, with that of reaped children), so a compiler started by a
+    rank counts as the rank's work. ``None`` where ``/proc`` cannot be read.
+    """
+    try:
+        entries = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return None
+    parents: dict[int, int] = {}
+    used: dict[int, float] = {}
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for name in entries:
+        try:
+            with open(f"/proc/{name}/stat") as handle:
+                stat = handle.read()
+        except OSError:
+            continue  # ended meanwhile
+        fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, from field 3 (state)
+        parents[int(name)] = int(fields[1])
+        used[int(name)] = sum(int(value) for value in fields[11:15]) / ticks  # utime stime cutime cstime
+    wanted = set(roots)
+    total = 0.0
+    for pid in sorted(used):  # a parent's pid is not always lower: walk up instead
+        node, seen = pid, set()
+        while node in parents and node not in wanted and node not in seen and node > 1:
+            seen.add(node)
+            node = parents[node]
+        if node in wanted:
+            total += used[pid]
+    return total
 
 
 class DistributedTestFailure(AssertionError):
@@ -136,14 +183,15 @@ class DistributedPool:
         limit = self.timeout if timeout is None else timeout
         try:
             while len(answers) < self.world_size:
-                rank, ok, value = self._results.get(timeout=limit)
+                rank, ok, value = self._next_answer(limit)
                 answers[rank] = (ok, value)
         except queue_module.Empty:
             missing = [rank for rank in range(self.world_size) if rank not in answers]
             self._restart()
             errors = {rank: value for rank, (ok, value) in answers.items() if not ok}
             raise DistributedTestFailure(
-                f"{getattr(fn, '__name__', fn)}: rank(s) {missing} did not answer within {limit} s"
+                f"{getattr(fn, '__name__', fn)}: rank(s) {missing} did not answer within {limit} s "
+                "in which the ranks used no CPU (a hang)"
                 + "".join(f"\n--- rank {rank} raised:\n{text}" for rank, text in errors.items())
             ) from None
         failures = {rank: value for rank, (ok, value) in answers.items() if not ok}
@@ -154,6 +202,27 @@ class DistributedPool:
                 + "".join(f"\n--- rank {rank}:\n{text}" for rank, text in sorted(failures.items()))
             )
         return [answers[rank][1] for rank in range(self.world_size)]
+
+    def _next_answer(self, limit: float) -> tuple[int, bool, Any]:
+        """The next rank's answer; ``queue.Empty`` after ``limit`` seconds in which the ranks did no work."""
+        pids = [proc.pid for proc in self._procs if proc.pid is not None]
+        now = time.monotonic()
+        deadline, checked, cpu = now + limit, now, _tree_cpu_seconds(pids)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise queue_module.Empty
+            try:
+                return self._results.get(timeout=min(remaining, _POLL_SECONDS) if cpu is not None else remaining)
+            except queue_module.Empty:
+                if cpu is None:
+                    raise
+            now, used = time.monotonic(), _tree_cpu_seconds(pids)
+            if used is None:
+                continue
+            if used - cpu >= _BUSY_SHARE * (now - checked):
+                deadline = now + limit  # working (slowly, on a loaded machine): not a hang
+            checked, cpu = now, used
 
     def _restart(self) -> None:
         for proc in self._procs:

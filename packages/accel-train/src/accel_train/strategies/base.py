@@ -39,7 +39,14 @@ from accel_train.wrappers import compile_model, unwrap_model
 if TYPE_CHECKING:
     from accel_train.checkpoint_io import CheckpointIO
 
-__all__ = ["CheckpointEntry", "ParallelDims", "Prepared", "Strategy"]
+__all__ = [
+    "CheckpointEntry",
+    "ParallelDims",
+    "Prepared",
+    "Strategy",
+    "parameter_locations",
+    "rebind_optimizer_parameters",
+]
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,54 @@ class CheckpointEntry:
 
     pattern: str
     name: Callable[[int], str]
+
+
+def parameter_locations(
+    models: Sequence[torch.nn.Module], name: Callable[[str], str] = lambda qualified: qualified
+) -> dict[int, tuple[int, str]]:
+    """Where each parameter of ``models`` is, recorded before a set-up replaces the parameters.
+
+    A backend that swaps parameters (DTensors of tensor parallelism, FSDP2's shards) records this,
+    sets the models up, and hands it to :func:`rebind_optimizer_parameters`.
+
+    Args:
+        models: the models of one ``prepare`` call, in order.
+        name: maps a parameter's qualified name to the name looked up after set-up (for instance one
+            without the prefixes that wrappers add).
+
+    Returns:
+        ``id(parameter) -> (index of its model, name(qualified name))``.
+    """
+    return {id(p): (index, name(qualified)) for index, m in enumerate(models) for qualified, p in m.named_parameters()}
+
+
+def rebind_optimizer_parameters(
+    optimizer: torch.optim.Optimizer, locations: dict[int, tuple[int, str]], new_params: Sequence[dict[str, Any]]
+) -> None:
+    """Point ``optimizer`` at the parameters that replaced the ones it was built over, in place.
+
+    Each parameter of each param group is looked up by its location and replaced by the new parameter
+    of that name; optimizer state loaded before ``prepare`` moves with its parameter. Group order and
+    settings are kept.
+
+    Args:
+        optimizer: an optimizer built over the models before they were set up.
+        locations: :func:`parameter_locations` of those models, taken before set-up.
+        new_params: per model (same order), the set-up model's parameters by name.
+
+    Raises:
+        KeyError: a parameter of the optimizer is not in ``locations``, or its name is not in ``new_params``
+            (the caller checks that the optimizer belongs to these models first).
+    """
+    for group in optimizer.param_groups:
+        rebound = []
+        for param in group["params"]:
+            index, name = locations[id(param)]
+            new = new_params[index][name]
+            if param in optimizer.state:  # state loaded before prepare follows its parameter
+                optimizer.state[new] = optimizer.state.pop(param)
+            rebound.append(new)
+        group["params"] = rebound
 
 
 class Strategy:

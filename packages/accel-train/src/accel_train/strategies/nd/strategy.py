@@ -27,7 +27,13 @@ from typing import Any
 
 import torch
 
-from accel_train.strategies.base import CheckpointEntry, ParallelDims, Strategy
+from accel_train.strategies.base import (
+    CheckpointEntry,
+    ParallelDims,
+    Strategy,
+    parameter_locations,
+    rebind_optimizer_parameters,
+)
 from accel_train.strategies.fsdp import fsdp2
 from accel_train.strategies.fsdp import state as fsdp_state
 from accel_train.strategies.fsdp.plugin import setting_name
@@ -133,16 +139,14 @@ class NDParallelStrategy(Strategy):
         data_loaders: Sequence[Any] = (),
     ) -> Any:
         # Parameters are replaced by DTensors: remember each one's name to rebind the optimizers.
-        names = {
-            id(p): (index, canonical_name(name)) for index, m in enumerate(models) for name, p in m.named_parameters()
-        }
+        names = parameter_locations(models, canonical_name)
         prepared = super().setup(models, [], schedulers, device_placement, evaluation_mode, data_loaders)
         # names without the wrappers' prefixes (activation checkpointing, compile) on both sides
         new_params = [{canonical_name(n): p for n, p in m.named_parameters()} for m in prepared.models]
         for optimizer in optimizers:
             params = [p for group in optimizer.param_groups for p in group["params"]]
             if params and all(id(p) in names for p in params):
-                self._rebind(optimizer, names, new_params)
+                rebind_optimizer_parameters(optimizer, names, new_params)
             else:
                 self.setup_optimizer(optimizer, prepared.models)
         prepared.optimizers = list(optimizers)
@@ -157,19 +161,6 @@ class NDParallelStrategy(Strategy):
             "with tensor / sharded data parallelism, pass the optimizer to the same `prepare` call as its model "
             "(the model's parameters are replaced when it is split), or build it after preparing the model"
         )
-
-    @staticmethod
-    def _rebind(optimizer: torch.optim.Optimizer, names: dict[int, Any], new_params: list[dict[str, Any]]) -> None:
-        """Point the optimizer at the split parameters that replaced the ones it was built over."""
-        for group in optimizer.param_groups:
-            rebound = []
-            for param in group["params"]:
-                index, name = names[id(param)]
-                new = new_params[index][name]
-                if param in optimizer.state:  # state loaded before prepare follows its parameter
-                    optimizer.state[new] = optimizer.state.pop(param)
-                rebound.append(new)
-            group["params"] = rebound
 
     def setup_model(
         self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False

@@ -25,7 +25,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from accel_train.strategies.base import CheckpointEntry, ParallelDims, Prepared, Strategy
+from accel_train.strategies.base import (
+    CheckpointEntry,
+    ParallelDims,
+    Prepared,
+    Strategy,
+    parameter_locations,
+    rebind_optimizer_parameters,
+)
 from accel_train.strategies.pipeline.config import PipelineParallelConfig, PipelineSchedule
 from accel_train.strategies.pipeline.split import stage_bounds, stage_module
 
@@ -172,16 +179,14 @@ class PipelineStrategy(Strategy):
         data_loaders: Sequence[Any] = (),
     ) -> Prepared:
         # FSDP2 replaces parameters by sharded ones: remember each one's name to rebind the optimizers.
-        names = {id(p): (index, name) for index, m in enumerate(models) for name, p in m.named_parameters()}
-        prepared = [self.setup_model(m, placement, evaluation_mode) for m, placement in zip(models, device_placement)]
-        built = [self.setup_optimizer(o, prepared) for o in optimizers]
+        names = parameter_locations(models)
+        # The base set-up: each stage cut and placed, each optimizer trimmed to its stage.
+        prepared = super().setup(models, optimizers, schedulers, device_placement, evaluation_mode, data_loaders)
         if self.sharded:
-            from accel_train.strategies.nd.strategy import NDParallelStrategy
-
-            new_params = [dict(m.get_submodule("module").named_parameters()) for m in prepared]
-            for optimizer in built:
-                NDParallelStrategy._rebind(optimizer, names, new_params)
-        return Prepared(prepared, built, list(schedulers))
+            new_params = [dict(m.get_submodule("module").named_parameters()) for m in prepared.models]
+            for optimizer in prepared.optimizers:
+                rebind_optimizer_parameters(optimizer, names, new_params)
+        return prepared
 
     def setup_model(
         self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
