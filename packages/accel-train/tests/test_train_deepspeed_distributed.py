@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 import torch
@@ -30,19 +29,10 @@ STEPS = 6
 BATCH = 4
 
 
-def _extensions_dir() -> dict[str, str]:
-    """DeepSpeed's compiled ops in this environment's own folder: torch's shared default
-    (~/.cache/torch_extensions) is rebuilt whenever another environment (another checkout's venv, other
-    include paths) built the same op in between, which is what made these tests take minutes."""
-    if os.environ.get("TORCH_EXTENSIONS_DIR") or sys.prefix == sys.base_prefix:
-        return {}
-    return {"TORCH_EXTENSIONS_DIR": os.path.join(sys.prefix, "torch_extensions")}
-
-
 @pytest.fixture(scope="module")
 def ds_pool():
     # 400 s in which the ranks use no CPU (see accel_state.testing): a hang, not a loaded machine.
-    with DistributedPool(world_size=2, timeout=400, env=_extensions_dir()) as pool:
+    with DistributedPool(world_size=2, timeout=400) as pool:
         yield pool
 
 
