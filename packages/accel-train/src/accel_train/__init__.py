@@ -104,6 +104,7 @@ _export(
     "ParallelismConfig",
     "TorchTensorParallelConfig",
     "TorchContextParallelConfig",
+    "DeepSpeedSequenceParallelConfig",
     "BackendNotAvailableError",
 )
 _export("checkpointing", "CheckpointMismatchError")

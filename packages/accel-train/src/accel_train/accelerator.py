@@ -280,6 +280,10 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
             )
             for i, model in zip(models, prepared.models):
                 result[i] = self._register_model(model)
+            if prepared.models:  # sequence parallelism (DeepSpeed Ulysses) adapts the call's data loaders
+                for i, obj in enumerate(args):
+                    if isinstance(obj, torch.utils.data.DataLoader):
+                        result[i] = self._strategy.ulysses_dl_adapter(result[i], prepared.models[0])
             for i, optimizer in zip(optimizers, prepared.optimizers):
                 result[i] = self._register_optimizer(optimizer, self._placement(device_placement[i]))
             for i, scheduler in zip(schedulers, prepared.schedulers):

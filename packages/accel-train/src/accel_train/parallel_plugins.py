@@ -11,6 +11,7 @@ from accel_train.strategies.deepspeed.plugin import DeepSpeedPlugin
 from accel_train.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 from accel_train.strategies.megatron.plugin import MegatronLMPlugin
 from accel_train.strategies.nd.config import (
+    DeepSpeedSequenceParallelConfig,
     ParallelismConfig,
     TorchContextParallelConfig,
     TorchTensorParallelConfig,
@@ -20,6 +21,7 @@ from accel_train.strategies.nd.config import (
 __all__ = [
     "BackendNotAvailableError",
     "DeepSpeedPlugin",
+    "DeepSpeedSequenceParallelConfig",
     "FullyShardedDataParallelPlugin",
     "MegatronLMPlugin",
     "ParallelismConfig",

@@ -16,8 +16,9 @@ the first installed of MS-AMP, TransformerEngine, torchao.
 
 Runs with the single-device, DDP and ND-parallel (FSDP2) strategies; under FSDP2 torchao all-gathers
 weights in float8 (``enable_fsdp_float8_all_gather``) and the next scales are computed after each
-optimizer step. The FSDP1 and DeepSpeed strategies are refused by name until they carry the FP8
-specifics (TE / MS-AMP under DeepSpeed).
+optimizer step. Under DeepSpeed (ZeRO 0-3) :class:`EngineFP8Precision` serves: torchao layers, with the
+engine running the rest in bf16 (its ``bf16`` section) instead of autocast; TransformerEngine and MS-AMP
+are refused there by name. FSDP1 is refused by name.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 from accel_train.kwargs_handlers import AutocastKwargs, GradScalerKwargs
 from accel_train.precisions.base import Precision, ScalerFactory, wrap_forward
 
-__all__ = ["FP8Precision"]
+__all__ = ["EngineFP8Precision", "FP8Precision"]
 
 _RECIPE_SLOTS = {"ao_recipe_handler": "AO", "te_recipe_handler": "TE", "msamp_recipe_handler": "MSAMP"}
 
@@ -205,3 +206,75 @@ def _point_optimizer_at(optimizer: torch.optim.Optimizer, mapping: dict[int, tor
                 group["params"][index] = new
                 if param in optimizer.state:
                     optimizer.state[new] = optimizer.state.pop(param)
+
+
+class EngineFP8Precision(FP8Precision):
+    """FP8 under DeepSpeed: torchao ``Float8Linear`` layers put in before ``deepspeed.initialize``; the
+    engine casts the model to bf16 and scales nothing (its ``bf16`` section), so there is no autocast here.
+
+    torchao only: TransformerEngine and MS-AMP need hooks into DeepSpeed's engine that accel does not
+    have, and torchao's float8 all-gather is an FSDP2 feature (off here; asking for it is an error).
+    """
+
+    def __init__(
+        self,
+        mode: str,
+        device: torch.device,
+        autocast_kwargs: AutocastKwargs | None = None,
+        scaler_kwargs: GradScalerKwargs | None = None,
+        scaler_factory: ScalerFactory | None = None,
+        handlers: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(mode, device, autocast_kwargs, scaler_kwargs, scaler_factory, handlers)
+        if self.fp8_backend != "AO":
+            raise ValueError(
+                f"mixed_precision='fp8' under DeepSpeed runs with the torchao backend (AORecipeKwargs), not "
+                f"{self.fp8_backend}: accel does not wire TransformerEngine or MS-AMP into DeepSpeed's engine. "
+                "Pass kwargs_handlers=[AORecipeKwargs()] (or --fp8_backend ao)"
+            )
+        handler = self.handlers.get("ao_recipe_handler")
+        asked = getattr(handler, "enable_fsdp_float8_all_gather", None)
+        given = getattr(self._recipe.config, "enable_fsdp_float8_all_gather", False)
+        if asked or given:
+            raise ValueError(
+                "enable_fsdp_float8_all_gather=True asks torchao to all-gather FSDP2 shards in float8; DeepSpeed "
+                "partitions parameters itself, and torchao's float8 weight wrapper cannot be moved by the engine. "
+                "Leave it unset (or False) in AORecipeKwargs / Float8LinearConfig under DeepSpeed"
+            )
+        self._recipe.enable_fsdp_float8_all_gather = False
+
+    @property
+    def native_amp(self) -> bool:
+        return False
+
+    def forward_context(self, handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager[Any]:
+        """Nothing: the engine's bf16 section sets the dtype of what does not run in FP8."""
+        return contextlib.nullcontext()
+
+    def convert_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Swap in torchao's FP8 layers (once); the forward is left as it is (the engine casts).
+
+        Args:
+            model: The model, converted in place.
+        """
+        from accel_quant.fp8.ao import build_ao_config, convert_model_to_fp8_ao, has_ao_layers
+
+        before = dict(model.named_parameters())
+        if self._ao_config is None:
+            self._ao_config = build_ao_config(self._recipe)
+        if not has_ao_layers(model):
+            convert_model_to_fp8_ao(model, config=self._ao_config, module_filter_func=self._recipe.module_filter_func)
+        after = dict(model.named_parameters())
+        self._parameter_map.update(
+            {id(p): after[name] for name, p in before.items() if name in after and after[name] is not p}
+        )
+        return model
+
+    def point_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Point an optimizer built before the conversion at the parameters now in the model.
+
+        Args:
+            optimizer: The torch optimizer handed to the engine.
+        """
+        if self._parameter_map:
+            _point_optimizer_at(optimizer, self._parameter_map)

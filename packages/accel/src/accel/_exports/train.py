@@ -29,6 +29,7 @@ UTILS: dict[str, str] = {
     "DeepSpeedOptimizerWrapper": "accel_train.strategies.deepspeed.utils",
     "DeepSpeedPlugin": "accel_train.parallel_plugins",
     "DeepSpeedSchedulerWrapper": "accel_train.strategies.deepspeed.utils",
+    "DeepSpeedSequenceParallelConfig": "accel_train.parallel_plugins",
     "DistributedDataParallelKwargs": "accel_train.kwargs_handlers",
     "DummyOptim": "accel_train.strategies.deepspeed.utils",
     "DummyScheduler": "accel_train.strategies.deepspeed.utils",

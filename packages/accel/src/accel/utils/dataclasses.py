@@ -17,7 +17,7 @@ _NAMES = (
     "AutocastKwargs DDPCommunicationHookType DistributedDataParallelKwargs GradScalerKwargs ProfileKwargs "
     "FP8RecipeKwargs TERecipeKwargs MSAMPRecipeKwargs AORecipeKwargs GradientAccumulationPlugin "
     "ProjectConfiguration TorchDynamoPlugin FullyShardedDataParallelPlugin DeepSpeedPlugin MegatronLMPlugin "
-    "TorchTensorParallelPlugin BnbQuantizationConfig CustomDtype get_module_class_from_name"
+    "TorchTensorParallelPlugin DeepSpeedSequenceParallelConfig BnbQuantizationConfig CustomDtype get_module_class_from_name"
 ).split()
 
 _TABLE = {name: _exports.UTILS[name] for name in _NAMES if name in _exports.UTILS}

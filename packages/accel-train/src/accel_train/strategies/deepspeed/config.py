@@ -250,8 +250,15 @@ def resolve_mixed_precision(config: dict[str, Any], mode: str) -> None:
     """Make the config's fp16 / bf16 sections agree with ``mixed_precision=mode``.
 
     A section the config enables for the other half-precision type is an error; a missing one is
-    added; ``"auto"`` follows ``mode``.
+    added; ``"auto"`` follows ``mode``. ``fp8`` runs the engine in bf16 (the FP8 layers are torchao's).
     """
+    if mode == "fp8":
+        if _as_bool(get_value(config, "fp16.enabled")) is True:
+            raise ValueError(
+                "mixed_precision='fp8' under DeepSpeed runs what is not FP8 in bf16, but the DeepSpeed config "
+                'enables fp16; set fp16.enabled to "auto" or false in the config'
+            )
+        mode = "bf16"
     if mode in ("fp16", "bf16"):
         other = "bf16" if mode == "fp16" else "fp16"
         if _as_bool(get_value(config, f"{other}.enabled")) is True:
@@ -393,7 +400,8 @@ def resolve_batch_sizes(
         if total is not None and int(total) != expected:
             raise ValueError(
                 f"the DeepSpeed config sets train_batch_size={total}, but train_micro_batch_size_per_gpu "
-                f"({micro_now}) x gradient_accumulation_steps ({steps}) x processes ({world_size}) = {expected}"
+                f"({micro_now}) x gradient_accumulation_steps ({steps}) x data-parallel processes ({world_size}) "
+                f"= {expected}"
             )
     return steps
 

@@ -8,7 +8,13 @@ that ``prepare`` returns only report. Checkpoints are the engine's own, written 
 checkpoint folder that ``save_state`` publishes atomically.
 
 Mixed precision is the engine's business too (the config's ``fp16`` / ``bf16`` sections): the
-precision object does no autocast and has no gradient scaler under this strategy.
+precision object does no autocast and has no gradient scaler under this strategy. ``fp8`` puts torchao's
+FP8 layers in the model before the engine is built and runs the rest in bf16.
+
+``ParallelismConfig(sp_size=N)`` adds DeepSpeed's ALST/Ulysses sequence parallelism
+(:mod:`.sequence_parallel`): the model's attention is registered with Ulysses, its groups go to
+``deepspeed.initialize`` as ``mpu``, data loaders of the same ``prepare`` call are adapted, and the
+batch sizes count data-parallel ranks only (``num_processes // sp_size``).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import torch
 from accel_state.enums import PrecisionType
 from accel_train import checkpointing as ckpt
 from accel_train.precisions.base import Precision
+from accel_train.precisions.fp8 import EngineFP8Precision
 from accel_train.strategies.base import CheckpointEntry, Prepared, Strategy
 from accel_train.strategies.deepspeed import config as dsc
 from accel_train.strategies.deepspeed.utils import (
@@ -80,8 +87,8 @@ class DeepSpeedStrategy(Strategy):
     name = "deepspeed"
     is_sharded = True
     backend_steps_optimizer = True
-    #: DeepSpeed's engine runs fp16 / bf16 itself; FP8 layers are not wired to it in accel.
-    precisions = frozenset({PrecisionType.NO, PrecisionType.FP16, PrecisionType.BF16})
+    #: DeepSpeed's engine runs fp16 / bf16 itself; fp8 is torchao's layers with the engine in bf16.
+    precisions = frozenset({PrecisionType.NO, PrecisionType.FP16, PrecisionType.BF16, PrecisionType.FP8})
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -96,6 +103,7 @@ class DeepSpeedStrategy(Strategy):
         self._engine_schedulers: set[int] = set()
         self._pristine: dict[int, dict[str, Any]] = {}
         self._clip_warned = False
+        self._sp_mpu: Any = None
         if self.state is not None and getattr(self.state, "deepspeed_plugins", None):
             self._configure()
 
@@ -107,7 +115,7 @@ class DeepSpeedStrategy(Strategy):
 
     @classmethod
     def precision_for(cls, precision_cls: type[Precision], mode: str) -> type[Precision]:
-        return EnginePrecision
+        return EngineFP8Precision if str(mode) == "fp8" else EnginePrecision
 
     @classmethod
     def validate(cls, state: Any, precision_cls: type[Precision], mode: str) -> None:
@@ -119,6 +127,16 @@ class DeepSpeedStrategy(Strategy):
         import_deepspeed()
         for plugin in (state.deepspeed_plugins or {}).values():
             dsc.resolve_mixed_precision(copy.deepcopy(plugin.deepspeed_config), str(mode))
+        sp_size = _sp_size(state)
+        if sp_size > 1:
+            from accel_train.strategies.deepspeed import sequence_parallel
+
+            if state.num_processes % sp_size:
+                raise ValueError(
+                    f"ParallelismConfig(sp_size={sp_size}) splits each sequence over {sp_size} ranks, but the run "
+                    f"has {state.num_processes} processes: launch a multiple of {sp_size} processes"
+                )
+            sequence_parallel._require_ulysses()
 
     def _configure(self) -> None:
         """Make every plugin's fp16 / bf16 sections follow ``mixed_precision``; as documented, a config that
@@ -127,6 +145,8 @@ class DeepSpeedStrategy(Strategy):
         for plugin in (state.deepspeed_plugins or {}).values():
             plugin.set_mixed_precision(self.precision.mode)
         effective = dsc.effective_mixed_precision(state.deepspeed_plugin.deepspeed_config)
+        if self.precision.mode == "fp8" and effective == "bf16":
+            effective = "fp8"  # FP8 layers, the engine in bf16
         if effective != state.mixed_precision and "_mixed_precision" in state.__dict__:
             state._mixed_precision = effective
         active = state.deepspeed_plugin
@@ -167,8 +187,13 @@ class DeepSpeedStrategy(Strategy):
         optimizer = optimizers[0] if optimizers else None
         scheduler = schedulers[0] if schedulers else None
         plugin = self.plugin
+        if isinstance(self.precision, EngineFP8Precision):
+            model = self.precision.convert_module(model)
+            if isinstance(optimizer, torch.optim.Optimizer):
+                self.precision.point_optimizer(optimizer)
         config = self._resolved_config(plugin, model, optimizer, scheduler, data_loaders)
-        engine, ds_optimizer, ds_scheduler = self._initialize(config, model, optimizer, scheduler)
+        mpu = self._sequence_parallel(model, config)
+        engine, ds_optimizer, ds_scheduler = self._initialize(config, model, optimizer, scheduler, mpu)
         plugin.deepspeed_config.clear()
         plugin.deepspeed_config.update(config)
         self.engines.append(engine)
@@ -208,7 +233,11 @@ class DeepSpeedStrategy(Strategy):
             [_per_process_batch(loader, num_processes) for loader in data_loaders], take_min=plugin.is_train_batch_min
         )
         steps = dsc.resolve_batch_sizes(
-            config, micro, gradient_state.num_steps, num_processes, training=optimizer is not None
+            config,
+            micro,
+            gradient_state.num_steps,
+            num_processes // _sp_size(self.state),
+            training=optimizer is not None,
         )
         if optimizer is not None and steps != gradient_state.num_steps:
             # Documented: a concrete value of the DeepSpeed config wins over the Accelerator's.
@@ -247,13 +276,28 @@ class DeepSpeedStrategy(Strategy):
             config.setdefault("zero_allow_untested_optimizer", True)
         return config
 
+    def _sequence_parallel(self, model: torch.nn.Module, config: dict[str, Any]) -> Any:
+        """Ulysses registered for ``model`` under ``sp_size`` > 1; DeepSpeed's groups (``mpu``), else ``None``."""
+        sp_size = _sp_size(self.state)
+        if sp_size == 1:
+            return None
+        from accel_train.strategies.deepspeed import sequence_parallel
+
+        self._ensure_comm(import_deepspeed())
+        micro = int(dsc.get_value(config, "train_micro_batch_size_per_gpu"))
+        handler = self.state.parallelism_config.sp_handler
+        self._sp_mpu = sequence_parallel.register_with_transformers(model, handler, sp_size, micro)
+        return self._sp_mpu
+
     def _initialize(
-        self, config: dict[str, Any], model: torch.nn.Module, optimizer: Any, scheduler: Any
+        self, config: dict[str, Any], model: torch.nn.Module, optimizer: Any, scheduler: Any, mpu: Any = None
     ) -> tuple[Any, Any, Any]:
         deepspeed = import_deepspeed()
         self._ensure_comm(deepspeed)
         self.plugin.set_moe_leaf_modules(model)
         kwargs: dict[str, Any] = {"model": model, "config": config, "dist_init_required": False}
+        if mpu is not None:
+            kwargs["mpu"] = mpu
         engine_scheduler = False
         if optimizer is not None:
             if isinstance(optimizer, DummyOptim):
@@ -450,31 +494,29 @@ class DeepSpeedStrategy(Strategy):
 
     def ulysses_dl_adapter(self, dataloader: Any, model: Any) -> Any:
         """The data loader adapted for DeepSpeed Ulysses sequence parallelism (the same loader when the
-        parallelism config does not ask for it)."""
-        config = getattr(self.state, "parallelism_config", None)
-        if (
-            config is None
-            or not getattr(config, "sp_enabled", False)
-            or getattr(config, "sp_backend", None) != "deepspeed"
-        ):
+        parallelism config does not ask for it, or before a model was prepared with it).
+
+        ``prepare`` adapts the loaders given with the model; call this for a loader prepared apart.
+        """
+        if _sp_size(self.state) == 1 or type(dataloader).__name__ == "UlyssesSPDataLoaderAdapter":
             return dataloader
-        try:
-            from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
-            from deepspeed.utils import groups
-        except ImportError as error:
-            raise ImportError(
-                f"DeepSpeed Ulysses sequence parallelism needs a DeepSpeed release that has it ({error})"
-            ) from None
-        return UlyssesSPDataLoaderAdapter(
-            dataloader,
-            sp_rank=groups._get_sequence_parallel_rank(),
-            sp_group=groups._get_sequence_parallel_group(),
-            sp_world_size=groups._get_sequence_parallel_world_size(),
-            device=getattr(model, "device", self.device),
-        )
+        if self._sp_mpu is None:
+            raise RuntimeError(
+                "the Ulysses data-loader adapter needs DeepSpeed's sequence-parallel groups, which exist once the "
+                "model is prepared: call `accelerator.prepare(model, ...)` first, then adapt the loader"
+            )
+        from accel_train.strategies.deepspeed import sequence_parallel
+
+        return sequence_parallel.adapt_loader(dataloader, self._sp_mpu, getattr(model, "device", self.device))
 
 
 # -- helpers --------------------------------------------------------------------------------------
+
+
+def _sp_size(state: Any) -> int:
+    """The DeepSpeed sequence-parallel size of the run (1 without it)."""
+    config = getattr(state, "parallelism_config", None)
+    return int(config.sp_size) if config is not None and getattr(config, "sequence_parallel_by_deepspeed", False) else 1
 
 
 def _check_stand_ins(config: dict[str, Any], optimizer: Any, scheduler: Any) -> None:

@@ -8,8 +8,15 @@ from typing import Any
 
 from accel_state.enums import ContextParallelCommStrategy
 from accel_train.plugin_env import env_value
+from accel_train.strategies.deepspeed.sequence_parallel import DeepSpeedSequenceParallelConfig
 
-__all__ = ["ParallelismConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig", "TorchTensorParallelPlugin"]
+__all__ = [
+    "DeepSpeedSequenceParallelConfig",
+    "ParallelismConfig",
+    "TorchContextParallelConfig",
+    "TorchTensorParallelConfig",
+    "TorchTensorParallelPlugin",
+]
 
 _SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size", "pp_size")
 
@@ -81,17 +88,18 @@ class ParallelismConfig:
         cp_size: Size of the context-parallel dimension (the sequence split across ranks in attention).
             Defaults to `None` (launcher value, else `1`).
         cp_backend: Context-parallel implementation, `torch` or `deepspeed`. Defaults to `None`.
-        sp_size: Size of the sequence-parallel dimension (DeepSpeed Ulysses); not available in accel's torch mesh.
-            Defaults to `None` (`1`).
-        sp_backend: Sequence-parallel implementation; `deepspeed` makes prepared data loaders Ulysses-aware.
-            Defaults to `None`.
+        sp_size: Size of the sequence-parallel dimension (DeepSpeed ALST/Ulysses: each sample's sequence split
+            over ``sp_size`` ranks); runs under DeepSpeed only. Defaults to `None` (launcher value, else `1`).
+        sp_backend: Sequence-parallel implementation; only `deepspeed`. Defaults to `None` (launcher value,
+            else `deepspeed`).
         pp_size: Size of the pipeline-parallel dimension (an accel extension). Defaults to `None`
             (launcher value, else `1`).
         tp_handler: A ``TorchTensorParallelConfig``; `None` builds a default one when ``tp_size`` > 1.
             Defaults to `None`.
         cp_handler: A ``TorchContextParallelConfig``; `None` builds one from the launcher's communication strategy
             when ``cp_size`` > 1. Defaults to `None`.
-        sp_handler: Settings of the sequence-parallel dimension, kept as given. Defaults to `None`.
+        sp_handler: A ``DeepSpeedSequenceParallelConfig``; `None` builds one from the launcher's values when
+            ``sp_size`` > 1. Defaults to `None`.
         pp_handler: A ``PipelineParallelConfig``; `None` builds a default one when ``pp_size`` > 1.
             Defaults to `None`.
     """
@@ -122,6 +130,7 @@ class ParallelismConfig:
             raise ValueError(
                 f"ParallelismConfig.cp_backend={self.cp_backend!r} is not valid; choose torch or deepspeed"
             )
+        self._check_sequence_parallel()
         if self.cp_handler is None and self.cp_size > 1:  # type: ignore[operator]
             self.cp_handler = TorchContextParallelConfig(
                 cp_comm_strategy=env_value("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "allgather")
@@ -137,6 +146,39 @@ class ParallelismConfig:
                 raise TypeError(
                     f"ParallelismConfig.pp_handler must be a PipelineParallelConfig, got {self.pp_handler!r}"
                 )
+
+    def _check_sequence_parallel(self) -> None:
+        """``sp_backend`` and ``sp_handler`` from the launcher or checked; sp and cp exclude each other."""
+        if self.sp_backend is None:
+            self.sp_backend = env_value("PARALLELISM_CONFIG_SP_BACKEND", "deepspeed")
+        if self.sp_backend != "deepspeed":
+            raise ValueError(
+                f"ParallelismConfig.sp_backend={self.sp_backend!r} is not valid; sequence parallelism runs "
+                "through DeepSpeed (ALST/Ulysses): sp_backend='deepspeed'"
+            )
+        if self.sp_size > 1 and self.cp_size > 1:  # type: ignore[operator]
+            raise ValueError(
+                f"ParallelismConfig has cp_size={self.cp_size} and sp_size={self.sp_size}: context parallelism "
+                "(torch) and sequence parallelism (DeepSpeed Ulysses) both split the sequence; set one of them to 1"
+            )
+        if self.sp_handler is None and self.sp_size > 1:  # type: ignore[operator]
+            self.sp_handler = DeepSpeedSequenceParallelConfig()
+        elif self.sp_handler is not None and not isinstance(self.sp_handler, DeepSpeedSequenceParallelConfig):
+            raise TypeError(
+                "ParallelismConfig.sp_handler must be a DeepSpeedSequenceParallelConfig (sp_backend='deepspeed'), "
+                f"got {type(self.sp_handler).__name__}"
+            )
+
+    @property
+    def sequence_parallel_by_deepspeed(self) -> bool:
+        """Whether DeepSpeed Ulysses splits sequences (``sp_size`` > 1): DeepSpeed builds those process
+        groups itself, so there is no torch mesh."""
+        return self.sp_size > 1 and self.sp_backend == "deepspeed"  # type: ignore[operator]
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Ranks holding different data: ``dp_replicate_size`` x ``dp_shard_size``."""
+        return self.dp_replicate_size * self.dp_shard_size  # type: ignore[operator]
 
     @classmethod
     def from_env(cls) -> ParallelismConfig | None:
@@ -235,16 +277,13 @@ class ParallelismConfig:
         Args:
             device_type: Device type of the mesh, e.g. `cuda` or `cpu`.
 
-        Raises:
-            NotImplementedError: ``sp_size`` is above 1.
+        Returns `None` under DeepSpeed sequence parallelism (``sp_size`` > 1), whose groups DeepSpeed builds.
         """
         from torch.distributed.device_mesh import init_device_mesh
 
-        if self.sp_size > 1:  # type: ignore[operator]
-            raise NotImplementedError(
-                "ParallelismConfig.sp_size > 1 (sequence parallelism through DeepSpeed Ulysses) is not "
-                "available in accel's torch mesh; use cp_size for context parallelism"
-            )
+        if self.sequence_parallel_by_deepspeed:
+            self._device_mesh = None
+            return None
         names = self.active_mesh_dims or ["dp_replicate"]
         shape = tuple(max(self._sizes[name], 1) for name in names) if self.active_mesh_dims else (self.total_size,)
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=tuple(names))
@@ -311,6 +350,7 @@ _ENV_SIZES = frozenset(
         "PARALLELISM_CONFIG_DP_SHARD_SIZE",
         "PARALLELISM_CONFIG_TP_SIZE",
         "PARALLELISM_CONFIG_CP_SIZE",
+        "PARALLELISM_CONFIG_SP_SIZE",
         "PARALLELISM_CONFIG_PP_SIZE",
     }
 )

@@ -58,6 +58,12 @@ class NDParallelStrategy(Strategy):
     @classmethod
     def validate(cls, state: Any, precision_cls: Any, mode: str) -> None:
         config = state.parallelism_config
+        if config.sp_enabled:
+            raise ValueError(
+                f"ParallelismConfig(sp_size={config.sp_size}) is sequence parallelism through DeepSpeed "
+                "(ALST/Ulysses), which runs under DeepSpeed only: pass a DeepSpeedPlugin to the Accelerator "
+                "(or launch with --use_deepspeed), or use cp_size for torch's context parallelism"
+            )
         config.validate_world_size(state.num_processes)
         if config.cp_enabled and state.device.type == "cpu":
             raise NotImplementedError(
