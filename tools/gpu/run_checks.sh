@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks, as one script for a lent GPU machine (see tools/gpu/README.md).
-#   bash tools/gpu/run_checks.sh [OUT]    # OUT: folder for results.jsonl and checks.log (default: ./gpu-out)
+#   bash tools/gpu/run_checks.sh [OUT]    # OUT: folder for results.jsonl, checks.log and steps.log (default: ./gpu-out)
 # Needs: python3 with CUDA PyTorch and the reference accelerate; wheels of accel's 8 distributions and of
 # deepspeed, megatron-core, torchao, bitsandbytes (and their small needs) in .whl/ (tools/gpu/wheels.sh).
 set -u
@@ -28,6 +28,7 @@ step() {  # step NAME TIMEOUT COMMAND...: run, keep its JSON lines, record the o
   local rc=$?
   local took; took=$(python3 -c "import time; print(round(time.time()-$start, 1))")
   grep '^{' "$tmp" | while read -r line; do echo "{\"check\": \"$name\", \"rc\": $rc, \"data\": $line}" >>"$RESULTS"; done
+  { echo "=== $name (rc=$rc)"; cat "$tmp"; } >>"$OUT/steps.log"  # every step's whole output
   if [ $rc -ne 0 ]; then tail -40 "$tmp"; else grep -v '^{' "$tmp" | tail -8; grep '^{' "$tmp" | cut -c1-600; fi
   echo "{\"check\": \"$name\", \"rc\": $rc, \"seconds\": $took}" >>"$RESULTS"
   echo "--- $name rc=$rc in ${took}s"
@@ -49,16 +50,21 @@ if want launch; then
   done
 fi
 if want launch-more; then
-  step "fsdp1-bf16-accel" 90 accel launch --num_processes 1 --mixed_precision bf16 --use_fsdp --fsdp_version 1 \
-    --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP --fsdp_transformer_layer_cls_to_wrap Block $S --framework accel
+  for fw in accel accelerate; do
+    L=$([ $fw = accel ] && echo "accel launch" || echo "accelerate launch")
+    C="--num_processes 1 --num_machines 1 --dynamo_backend no --mixed_precision bf16 --use_fsdp"
+    W="--fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP --fsdp_transformer_layer_cls_to_wrap Block"
+    step "fsdp2-bf16-$fw" 90 $L $C --fsdp_version 2 $W $S --framework $fw
+    step "fsdp1-bf16-$fw" 90 $L $C --fsdp_version 1 $W $S --framework $fw
+  done
   step "zero2-fp8-ao-accel" 120 accel launch --num_processes 1 --use_deepspeed --zero_stage 2 $S --framework accel --fp8
 fi
 want loop && step "train-loop" 150 python3 tools/bench/gpu_train_loop.py --steps 40 --repeats 3
 want bigmodel && step "bigmodel" 120 python3 tools/gpu/bigmodel_check.py --repeat 3
-want pytest && step "pytest-gpu" 150 python3 -m pytest -q -p no:cacheprovider --timeout 120 -k "tiny_gpt or cuda or gpu" \
-  packages/accel-train/tests/test_train_megatron.py packages/accel-bigmodel/tests/test_bigmodel_planning.py \
-  packages/accel-quant/tests
+want pytest && step "pytest-gpu" 150 python3 -m pytest -q -p no:cacheprovider --timeout 120 -rf \
+  packages/accel-train/tests/test_train_megatron.py::test_tiny_gpt_trains_like_plain_pytorch \
+  packages/accel-quant/tests/test_bnb_gpu.py
 # the CPU-written unit suites of two packages on a machine where CUDA is present: what assumes no GPU
 want units && step "units-with-cuda" 150 python3 -m pytest -q -p no:cacheprovider -n 8 --timeout 100 -rf \
-  packages/accel-bigmodel/tests packages/accel-data/tests packages/accel-quant/tests
+  packages/accel-bigmodel/tests packages/accel-data/tests packages/accel-quant/tests packages/accel-state/tests
 echo "=== done"
