@@ -70,7 +70,15 @@ class DeepSpeedCheckpointIO(CheckpointIO):
         if engine.optimizer is None or saved in (None, current):
             super().load_engine(engine, folder, tag, strict=strict)
             return
-        load_resharded(engine, folder, tag, self.check_file, is_main_process=_is_main_process(), strict=strict)
+        load_resharded(
+            engine,
+            folder,
+            tag,
+            self.check_file,
+            _resolve(DEEPSPEED_CHECKPOINT_GLOBALS),
+            is_main_process=_is_main_process(),
+            strict=strict,
+        )
 
 
 def _is_main_process() -> bool:

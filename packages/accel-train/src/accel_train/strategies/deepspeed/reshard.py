@@ -13,6 +13,8 @@ processes. accel converts on the fly with ``deepspeed.checkpoint.ds_to_universal
 3. Every file of the converted folder is checked with the same allow-list, on every process, before the
    engine reads it.
 4. The engine loads it with ``load_universal`` switched on for that one call; the folder is removed after.
+   The module's buffers, which the universal load leaves alone, come from the checkpoint's model states
+   (read with ``weights_only=True`` and the allow-list).
 
 The checkpoint on disk keeps DeepSpeed's own layout; nothing is converted when the process counts match.
 """
@@ -30,6 +32,7 @@ from typing import Any
 __all__ = ["load_resharded", "saved_world_size", "universal_dir"]
 
 _PARTITION_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
+_MODEL_STATES_RE = re.compile(r"^(?:mp_rank_00|zero_pp_rank_0_mp_rank_00)_model_states\.pt$")
 
 
 def saved_world_size(tag_dir: str) -> int | None:
@@ -117,6 +120,26 @@ def _prepare(checkpoint_folder: str, tag: str) -> str:
     return target
 
 
+def _load_buffers(module: Any, tag_dir: str, allowed: tuple[Any, ...]) -> None:
+    """The module's buffers (running statistics ...) from the checkpoint's model states: DeepSpeed's universal
+    load restores parameters only. Read with ``weights_only=True`` and the allow-list."""
+    import torch
+
+    buffers = dict(module.named_buffers())
+    if not buffers:
+        return
+    names = sorted(n for n in os.listdir(tag_dir) if _MODEL_STATES_RE.match(n))
+    if not names:
+        return
+    with torch.serialization.safe_globals(list(allowed)):
+        saved = torch.load(os.path.join(tag_dir, names[0]), map_location="cpu", weights_only=True)
+    state = saved.get("module") or {}
+    with torch.no_grad():
+        for name, buffer in buffers.items():
+            if name in state and state[name] is not None:
+                buffer.copy_(state[name].to(buffer.device, buffer.dtype))
+
+
 def _agree(ok: bool) -> bool:
     """Whether every process reports ``ok`` (a collective; ``ok`` alone without a process group)."""
     import torch
@@ -136,6 +159,7 @@ def load_resharded(
     checkpoint_folder: str,
     tag: str,
     check_file: Callable[[str], None],
+    allowed: tuple[Any, ...],
     *,
     is_main_process: bool,
     strict: bool = True,
@@ -147,6 +171,7 @@ def load_resharded(
         checkpoint_folder: the ``save_state`` folder; its files were checked with the allow-list already.
         tag: the engine's folder inside it (``pytorch_model``).
         check_file: refuses a ``torch.save`` file that names a global outside the allow-list.
+        allowed: the DeepSpeed types of that allow-list (the module's buffers are read with them).
         is_main_process: whether this process converts (one per run; the folder is shared).
         strict: every model key must match.
 
@@ -190,6 +215,7 @@ def load_resharded(
             config.load_universal_checkpoint = previous
         if path is None:
             raise FileNotFoundError(f"DeepSpeed found no checkpoint {tag!r} in the conversion {target}")
+        _load_buffers(engine.module, os.path.join(checkpoint_folder, tag), allowed)
     finally:
         _agree(True)  # every process has read the converted files
         if is_main_process:
