@@ -99,6 +99,7 @@ def rank_run(stage: int, folder: str, save: bool) -> dict:
         out["step_after_load"] = accelerator.step
         start = accelerator.step
         loader = accelerator.skip_first_batches(loader, start)
+        accelerator.wait_for_everyone()
         out["leftovers"] = sorted(n for n in os.listdir(os.path.dirname(folder)) if n.startswith("."))
     for index, (x, y) in enumerate(loader, start=start):
         if save and index == SAVE_AT:
