@@ -245,9 +245,10 @@ def rank_offload(stage: int, folder: str, marker: str) -> dict:
     except Exception as raised:
         error = f"{type(raised).__name__}: {raised}"
     after = state()
+    device = model.zero_offload_optimizer().device
     reset_shared_state()
     return {
-        "offload": (str(model.zero_offload_optimizer().device.value), model.zero_offload_param() is not None),
+        "offload": (str(getattr(device, "value", device)), model.zero_offload_param() is not None),
         "restored": all(torch.equal(back[k], saved[k]) for k in saved),
         "moved": any(not torch.equal(trained_on[k], saved[k]) for k in saved),
         "files": files,
