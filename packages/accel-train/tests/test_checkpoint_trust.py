@@ -316,14 +316,17 @@ def test_user_folders_inside_a_checkpoint_are_not_read(tmp_path) -> None:
     reset_shared_state()
 
 
-def test_deepspeed_partitions_of_another_process_count_are_refused_by_name(tmp_path) -> None:
-    from accel_train.strategies.deepspeed.checkpoint import check_world_size
+def test_deepspeed_partitions_counted_for_resharding(tmp_path) -> None:
+    """The number of processes a ZeRO checkpoint was partitioned over (another number goes through DeepSpeed's
+    universal checkpoint, tested in test_deepspeed_reshard_distributed.py)."""
+    from accel_train.strategies.deepspeed.reshard import saved_world_size, universal_dir
 
     tag = tmp_path / "pytorch_model"
+    assert saved_world_size(str(tag)) is None
     tag.mkdir()
+    (tag / "mp_rank_00_model_states.pt").write_bytes(b"")
+    assert saved_world_size(str(tag)) is None  # no optimizer partitions
     for rank in range(2):
-        (tag / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_bytes(b"")
-    check_world_size(str(tag), 2)
-    check_world_size(str(tag), None)  # no optimizer to load: nothing partitioned is read
-    with pytest.raises(ValueError, match="optimizer partitions of 2 processes, and this run has 4"):
-        check_world_size(str(tag), 4)
+        (tag / f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_bytes(b"")
+    assert saved_world_size(str(tag)) == 2
+    assert universal_dir(str(tmp_path / "ckpt")) == str(tmp_path / ".ckpt.universal")

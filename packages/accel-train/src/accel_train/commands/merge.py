@@ -1,4 +1,4 @@
-"""``accel merge-weights``: merge a sharded FSDP checkpoint into one safetensors (or .bin) file."""
+"""``accel merge-weights``: merge a sharded FSDP or DeepSpeed checkpoint into one safetensors (or .bin) file."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import Any
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "merge-weights",
-        help="Merge the shards of an FSDP checkpoint into a single weights file.",
-        description="Merge a torch.distributed.checkpoint folder written by FSDP into one model file.",
+        help="Merge the shards of an FSDP or DeepSpeed checkpoint into a single weights file.",
+        description="Merge a torch.distributed.checkpoint folder written by FSDP, or a DeepSpeed ZeRO checkpoint, into "
+        "one model file.",
     )
     _add_arguments(parser)
     parser.set_defaults(func=run)
@@ -19,7 +20,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint_directory", help="Folder of the sharded checkpoint (holds a .metadata file).")
+    parser.add_argument(
+        "checkpoint_directory",
+        help="Folder of the sharded checkpoint (a .metadata file, or DeepSpeed's *_model_states.pt files).",
+    )
     parser.add_argument("output_path", help="Folder to write model.safetensors (or pytorch_model.bin) into.")
     parser.add_argument(
         "--unsafe_serialization",

@@ -7,18 +7,21 @@ runs, accel checks every ``.pt`` file of the tag folder with ``torch.load(weight
 (:data:`DEEPSPEED_CHECKPOINT_GLOBALS`); any other Python global is refused with
 :class:`~accel_state.errors.UnsafeCheckpointError` and nothing is loaded. The layout stays
 DeepSpeed's own (``zero_to_fp32.py`` and DeepSpeed's loaders read it).
+
+A checkpoint partitioned over another number of data-parallel processes loads through DeepSpeed's
+universal checkpoint, converted next to it and checked the same way before the engine reads it
+(:mod:`.reshard`).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-import re
 from typing import Any
 
 from accel_train.checkpoint_io import CheckpointIO
 
-__all__ = ["DEEPSPEED_CHECKPOINT_GLOBALS", "DeepSpeedCheckpointIO", "check_world_size"]
+__all__ = ["DEEPSPEED_CHECKPOINT_GLOBALS", "DeepSpeedCheckpointIO"]
 
 #: ``(module, name)`` of the DeepSpeed types its ZeRO 0-3 checkpoint files hold (found in the files DeepSpeed
 #: 0.19 writes, with and without offload): the fp16 loss scalers (plain attribute holders), the ZeRO stage
@@ -50,27 +53,35 @@ class DeepSpeedCheckpointIO(CheckpointIO):
 
         check_torch_file(path, _resolve(DEEPSPEED_CHECKPOINT_GLOBALS))
 
+    def load_engine(self, engine: Any, folder: str, tag: str, strict: bool = True) -> None:
+        """Read ``folder/tag`` into the engine; written by another number of data-parallel processes, it goes
+        through DeepSpeed's universal checkpoint first (:func:`~.reshard.load_resharded`).
 
-_PARTITION_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
+        Args:
+            engine: the ``DeepSpeedEngine`` to load into.
+            folder: the ``save_state`` folder (checked with the allow-list already).
+            tag: the engine's folder inside it.
+            strict: every model key must match.
+        """
+        from accel_train.strategies.deepspeed.reshard import load_resharded, saved_world_size
 
-
-def check_world_size(tag_dir: str, world_size: int | None) -> None:
-    """Refuse, before DeepSpeed reads anything, a ZeRO checkpoint partitioned over another number of
-    data-parallel processes (DeepSpeed's partitioned optimizer files load only on the same number).
-
-    Args:
-        tag_dir: the engine's checkpoint folder (``pytorch_model``).
-        world_size: the data-parallel size of this run's engine (``None``: no optimizer is loaded).
-
-    Raises:
-        ValueError: the folder holds optimizer partitions of another number of processes.
-    """
-    if world_size is None or not os.path.isdir(tag_dir):
-        return
-    ranks = {int(m.group(1)) for m in map(_PARTITION_RE.match, os.listdir(tag_dir)) if m}
-    if ranks and len(ranks) != world_size:
-        raise ValueError(
-            f"{tag_dir} holds ZeRO optimizer partitions of {len(ranks)} processes, and this run has {world_size}; "
-            "DeepSpeed loads them only on the same number of processes. Resume on "
-            f"{len(ranks)} processes, or convert the checkpoint with DeepSpeed's ds_to_universal.py first."
+        saved = saved_world_size(os.path.join(folder, tag))
+        current = getattr(engine, "seq_dp_world_size", None) or engine.dp_world_size
+        if engine.optimizer is None or saved in (None, current):
+            super().load_engine(engine, folder, tag, strict=strict)
+            return
+        load_resharded(
+            engine,
+            folder,
+            tag,
+            self.check_file,
+            _resolve(DEEPSPEED_CHECKPOINT_GLOBALS),
+            is_main_process=_is_main_process(),
+            strict=strict,
         )
+
+
+def _is_main_process() -> bool:
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0

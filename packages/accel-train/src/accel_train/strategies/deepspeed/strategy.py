@@ -467,9 +467,6 @@ class DeepSpeedStrategy(Strategy):
         if _is_frozen_zero3(engine) and os.path.isfile(frozen):
             load_zero3_state_dict(engine.module, self.checkpoint_io.load_weights(frozen, "cpu"), strict)
             return
-        from accel_train.strategies.deepspeed.checkpoint import check_world_size
-
-        check_world_size(os.path.join(folder, entry), engine.dp_world_size if engine.optimizer is not None else None)
         self.checkpoint_io.load_engine(engine, folder, entry, strict=strict)
 
     def save_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, is_writer: bool) -> str | None:

@@ -1,4 +1,5 @@
-"""Merge a sharded FSDP checkpoint (``torch.distributed.checkpoint`` folder) into one weights file."""
+"""Merge a sharded FSDP checkpoint (``torch.distributed.checkpoint`` folder) or a DeepSpeed ZeRO checkpoint
+into one weights file."""
 
 from __future__ import annotations
 
@@ -24,13 +25,14 @@ def merge_fsdp_weights(
     processes) on this one process and write ``model.safetensors`` (or ``pytorch_model.bin``) into
     ``output_path``; returns the file path.
 
-    ``checkpoint_dir`` is a DCP folder (``pytorch_model_fsdp_0``) or a ``save_state`` folder holding
-    one. With ``max_shard_size`` the weights are split into files of at most that size with an index
+    ``checkpoint_dir`` is a DCP folder (``pytorch_model_fsdp_0``), a DeepSpeed engine's folder
+    (``pytorch_model``, ZeRO 0-3: its fp32 partitions are joined) or a ``save_state`` folder holding one. With ``max_shard_size`` the weights are split into files of at most that size with an index
     (``model.safetensors.index.json``) and the index path is returned. Only the main process writes
     when called inside a distributed run.
 
     Args:
-        checkpoint_dir: Folder of the sharded checkpoint (a DCP folder, or a ``save_state`` folder holding one).
+        checkpoint_dir: Folder of the sharded checkpoint (a DCP folder, a DeepSpeed engine's folder, or a
+            ``save_state`` folder holding one).
         output_path: Folder the merged weights are written to.
         safe_serialization: Whether to write safetensors rather than a pickled ``pytorch_model.bin``.
             Defaults to `True`.
@@ -45,16 +47,22 @@ def merge_fsdp_weights(
     output_path = os.fspath(output_path)
     if not os.path.isdir(checkpoint_dir):
         raise FileNotFoundError(f"checkpoint folder {checkpoint_dir} does not exist")
+    deepspeed_dir = None
     if not os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
         from accel_train.checkpointing import sharded_model_dir
+        from accel_train.strategies.deepspeed.merge import deepspeed_engine_dir
 
         model_dir = os.path.join(checkpoint_dir, sharded_model_dir(0))
+        deepspeed_dir = deepspeed_engine_dir(checkpoint_dir)
         if os.path.isfile(os.path.join(model_dir, ".metadata")):
             checkpoint_dir = model_dir
+        elif deepspeed_dir is not None:
+            checkpoint_dir = deepspeed_dir
         else:
             raise ValueError(
-                f"{checkpoint_dir} is not a torch.distributed.checkpoint folder (no .metadata file); give the "
-                "folder of a sharded FSDP checkpoint (for example pytorch_model_fsdp_0)"
+                f"{checkpoint_dir} is not a torch.distributed.checkpoint folder (no .metadata file) nor a DeepSpeed "
+                "checkpoint (no *_model_states.pt file); give the folder of a sharded FSDP checkpoint (for example "
+                "pytorch_model_fsdp_0), a DeepSpeed engine's folder (pytorch_model) or the save_state folder holding one"
             )
     if os.path.isfile(output_path):
         raise ValueError(f"output_path {output_path} is a file; give a folder to write the merged weights into")
@@ -66,8 +74,12 @@ def merge_fsdp_weights(
     if writer:
         from accel_train.checkpoint_io import CheckpointIO
 
-        io = CheckpointIO()
-        state_dict = io.load_sharded_whole(checkpoint_dir)
+        if deepspeed_dir is not None:
+            from accel_train.strategies.deepspeed.merge import read_deepspeed_weights
+
+            state_dict = read_deepspeed_weights(deepspeed_dir)
+        else:
+            state_dict = CheckpointIO().load_sharded_whole(checkpoint_dir)
         if set(state_dict) == {"model"} and isinstance(state_dict["model"], dict):
             state_dict = state_dict["model"]
         target = _write_atomically(state_dict, output_path, name, safe_serialization, max_shard_size)
