@@ -317,7 +317,9 @@ def check_contents(
     saved_processes = manifest.get("num_processes") if manifest else None
     own_rng = rng_file(process_index)
     rng_present = own_rng in entries or f"{RNG_STATE_NAME}_{process_index}.pkl" in entries
-    if not rng_present and saved_processes in (None, num_processes):
+    # a save by the main process alone (DDP, explicit folder) holds the random states of the callers only
+    callers_only = bool(manifest) and manifest.get("process_files") == "callers"
+    if not rng_present and saved_processes in (None, num_processes) and not callers_only:
         missing.append(f"{own_rng} (random states of process {process_index})")
     if missing or extra:
         lines = [f"checkpoint {folder} does not match what this Accelerator prepared:"]
@@ -512,7 +514,10 @@ def read_objects(
         )
     else:
         logger.warning(
-            "no random states for process %d in %s (saved with another number of processes)", process_index, folder
+            "no random states for process %d in %s (saved with another number of processes, or by the main "
+            "process alone): its random generators go on unchanged",
+            process_index,
+            folder,
         )
 
 
