@@ -100,3 +100,15 @@ def test_without_a_process_group_the_store_error_names_the_launcher() -> None:
 
     with pytest.raises(RuntimeError, match="start the processes with a launcher"):
         _default_store()
+
+
+def test_only_a_save_by_its_callers_may_lack_a_process_random_states(tmp_path) -> None:
+    from accel_train import checkpointing as ckpt
+
+    expected = dict(num_models=0, num_optimizers=0, num_schedulers=0, num_dataloaders=0, num_custom=0)
+    common = dict(has_scaler=False, process_index=1, num_processes=2, **expected)
+    with pytest.raises(
+        ckpt.CheckpointMismatchError, match=r"random_states_1\.safetensors \(random states of process 1\)"
+    ):
+        ckpt.check_contents(str(tmp_path), manifest={"num_processes": 2}, **common)
+    assert ckpt.check_contents(str(tmp_path), manifest={"num_processes": 2, "process_files": "callers"}, **common) == []

@@ -317,8 +317,7 @@ def check_contents(
     saved_processes = manifest.get("num_processes") if manifest else None
     own_rng = rng_file(process_index)
     rng_present = own_rng in entries or f"{RNG_STATE_NAME}_{process_index}.pkl" in entries
-    # a save by the main process alone (DDP, explicit folder) holds the random states of the callers only
-    callers_only = bool(manifest) and manifest.get("process_files") == "callers"
+    callers_only = bool(manifest) and manifest.get("process_files") == "callers"  # saved by the main one alone
     if not rng_present and saved_processes in (None, num_processes) and not callers_only:
         missing.append(f"{own_rng} (random states of process {process_index})")
     if missing or extra:
@@ -513,12 +512,8 @@ def read_objects(
             folder,
         )
     else:
-        logger.warning(
-            "no random states for process %d in %s (saved with another number of processes, or by the main "
-            "process alone): its random generators go on unchanged",
-            process_index,
-            folder,
-        )
+        why = "saved with another number of processes, or by the main process alone"
+        logger.warning("no random states for process %d in %s (%s): generators unchanged", process_index, folder, why)
 
 
 def _files_strategy() -> Any:
