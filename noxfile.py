@@ -203,8 +203,9 @@ CLIENT_PINS = {
 @nox.session(tags=["ci"])
 def clients(session: nox.Session) -> None:
     """transformers' Trainer (1 and 2 processes, resume, evaluation loss), from_pretrained with part of
-    the model on disk, a peft LoRA adapter, and TRL (SFT, DPO), a diffusers training loop and
-    sentence-transformers compared with the figures of the same runs on the documented system
+    the model on disk, a peft LoRA adapter, and TRL (SFT, DPO), a diffusers training loop (on 2 processes
+    saving from the main process only, as its examples do) and sentence-transformers, 1 and 2 processes,
+    compared with the figures of the same runs on the documented system
     (integration_tests/clients/reference, tools/record_client_reference.py), on accel through the
     ``accelerate`` alias."""
     _install_local(session, *ORDER, extras={"accel": "test", "accel-train": "deepspeed"})

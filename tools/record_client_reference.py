@@ -32,7 +32,9 @@ def build_venv(venv: pathlib.Path) -> str:
     if python.exists():
         return str(python)
     pins = [f"{name}=={version}" for name, version in cases.VERSIONS.items()]
-    extras = ["datasets", "tensorboard", "torch"]
+    # peft too, as in the clients session: transformers imports it when present, which changes what a
+    # run loads and collects (steps/s compared by tools/bench/clients.py)
+    extras = ["datasets", "tensorboard", "torch", "peft==0.21.2"]
     subprocess.run(
         ["uv", "venv", "-q", str(venv), "--python", f"{sys.version_info[0]}.{sys.version_info[1]}"], check=True
     )

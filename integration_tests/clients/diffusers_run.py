@@ -6,14 +6,20 @@ Runs on accel through the ``accelerate`` alias and unchanged on the documented s
 figures); 1 process with python, 2 with a launcher.
 
     diffusers_run.py OUT full      8 optimizer steps (2 epochs), figures in OUT/full.json
-    diffusers_run.py OUT stop      the same run, stopped after step 3 (mid-epoch; checkpoints at 1, 2, 3)
+    diffusers_run.py OUT stop      the same run, stopped after step 3 (mid-epoch; checkpoints at 1, 2, 3; no figures)
     diffusers_run.py OUT resume    load the last checkpoint, skip the seen batches by hand, go on to step 8
+
+The modes ``main-full``, ``main-stop`` and ``main-resume`` save as diffusers' examples do: only the main
+process calls ``save_state`` (into ``OUT/checkpoint-STEP``, no automatic naming) after removing the oldest
+checkpoints by hand, and every process loads the last one (the pattern the 2-process case checks);
+``main-stop`` writes its figures too.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import shutil
 import sys
 import time
 
@@ -26,7 +32,8 @@ from diffusers import DDPMScheduler, UNet2DModel
 from diffusers.optimization import get_scheduler
 from diffusers.training_utils import EMAModel
 
-ACCUMULATION, MAX_STEPS, BATCH = 2, 8, 2
+ACCUMULATION, BATCH, TOTAL_LIMIT = 2, 2, 2
+MAX_STEPS = int(os.environ.get("CLIENT_MAX_STEPS", "8"))  # more for tools/bench/clients.py
 
 
 def unet() -> UNet2DModel:
@@ -42,14 +49,29 @@ def unet() -> UNet2DModel:
     )
 
 
+def save_on_main(accelerator: Accelerator, out: str, global_step: int) -> None:
+    """The examples' checkpointing: on the main process only, the oldest removed by hand first."""
+    if not accelerator.is_main_process:
+        return
+    kept = sorted((d for d in os.listdir(out) if d.startswith("checkpoint-")), key=lambda d: int(d.split("-")[1]))
+    for old in kept[: max(len(kept) - TOTAL_LIMIT + 1, 0)]:
+        shutil.rmtree(os.path.join(out, old))
+    accelerator.save_state(os.path.join(out, f"checkpoint-{global_step}"))
+
+
 def main() -> None:
     out, mode = sys.argv[1], sys.argv[2]
+    main_only = mode.startswith("main-")
+    mode = mode.removeprefix("main-")
     accelerator = Accelerator(
         gradient_accumulation_steps=ACCUMULATION,
         mixed_precision="bf16",
         log_with="tensorboard",
         project_config=ProjectConfiguration(
-            project_dir=out, logging_dir=os.path.join(out, "logs"), automatic_checkpoint_naming=True, total_limit=2
+            project_dir=out,
+            logging_dir=os.path.join(out, "logs"),
+            automatic_checkpoint_naming=not main_only,
+            total_limit=None if main_only else TOTAL_LIMIT,
         ),
     )
     set_seed(0)
@@ -90,7 +112,13 @@ def main() -> None:
     updates_per_epoch = math.ceil(len(loader) / ACCUMULATION)
     epochs = math.ceil(MAX_STEPS / updates_per_epoch)
     global_step = first_epoch = resume_step = 0
-    if mode == "resume":
+    if mode == "resume" and main_only:
+        last = sorted((d for d in os.listdir(out) if d.startswith("checkpoint-")), key=lambda d: int(d.split("-")[1]))
+        accelerator.load_state(os.path.join(out, last[-1]))
+        global_step = int(last[-1].split("-")[1])
+        first_epoch = global_step // updates_per_epoch
+        resume_step = (global_step * ACCUMULATION) % (updates_per_epoch * ACCUMULATION)
+    elif mode == "resume":
         checkpoints = os.path.join(out, "checkpoints")
         last = sorted(os.listdir(checkpoints), key=lambda name: int(name.split("_")[1]))[-1]
         accelerator.load_state(os.path.join(checkpoints, last))
@@ -100,7 +128,7 @@ def main() -> None:
         resume_step = (global_step * ACCUMULATION) % (updates_per_epoch * ACCUMULATION)
 
     losses: list[float] = []
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     timed_steps = 0
     for epoch in range(first_epoch, epochs):
         model.train()
@@ -127,29 +155,35 @@ def main() -> None:
                 timed_steps += 1
                 losses.append(float(accelerator.gather(loss.detach()).mean()))
                 accelerator.log({"loss": losses[-1], "lr": lr_scheduler.get_last_lr()[0]}, step=global_step)
-                accelerator.save_state()
+                if main_only:
+                    save_on_main(accelerator, out, global_step)
+                else:
+                    accelerator.save_state()
                 if mode == "stop" and global_step == 3:
                     break
                 if global_step >= MAX_STEPS:
                     break
         if (mode == "stop" and global_step == 3) or global_step >= MAX_STEPS:
             break
-    elapsed = time.perf_counter() - started
+    elapsed, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     accelerator.wait_for_everyone()
-    if accelerator.is_main_process and mode != "stop":
+    if accelerator.is_main_process and (mode != "stop" or main_only):
         unwrapped = accelerator.unwrap_model(model)
         ema_copy = unet()
         ema.copy_to(ema_copy.parameters())
         tiny.write(
-            os.path.join(out, f"{mode}.json"),
+            os.path.join(out, f"{sys.argv[2]}.json"),
             {
                 "losses": losses,
                 "world": accelerator.num_processes,
                 "steps": global_step,
                 "steps_per_second": timed_steps / elapsed,
+                "cpu_seconds_per_step": cpu_seconds / max(timed_steps, 1),
                 "params": tiny.digest(unwrapped),
                 "ema": tiny.digest(ema_copy),
-                "checkpoints": sorted(os.listdir(os.path.join(out, "checkpoints"))),
+                "checkpoints": sorted(
+                    d for d in os.listdir(os.path.join(out, "" if main_only else "checkpoints")) if "checkpoint" in d
+                ),
                 "event_files": len(
                     [n for _, _, files in os.walk(os.path.join(out, "logs")) for n in files if "tfevents" in n]
                 ),

@@ -8,12 +8,16 @@ python, 2 with ``accel launch --cpu --num_processes 2`` (or ``accelerate launch`
     trl_run.py OUT sft-stop     the same run stopped after step 3 (checkpoint-3 written)
     trl_run.py OUT sft-resume   resumed from OUT/checkpoint-3 up to step 6, figures in OUT/sft-resume.json
     trl_run.py OUT dpo          3 DPO steps against a frozen reference model, figures in OUT/dpo.json
+
+Figures include steps/s and CPU seconds per step of training (this process), which the test does not
+compare (tools/bench/clients.py does); CLIENT_MAX_STEPS sets the DPO run's steps for that benchmark.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 import tiny
 from datasets import Dataset
@@ -25,6 +29,14 @@ class StopAfterStep3(TrainerCallback):
         if state.global_step == 3:
             control.should_training_stop = True
         return control
+
+
+def timed_train(trainer, **kwargs):  # type: ignore[no-untyped-def]
+    """``trainer.train(**kwargs)``, its CPU seconds (this process) kept for the figures."""
+    started = time.process_time()
+    result = trainer.train(**kwargs)
+    result.metrics["cpu_seconds"] = time.process_time() - started
+    return result
 
 
 def figures(trainer, train_metrics: dict, eval_metrics: dict | None) -> dict:  # type: ignore[no-untyped-def]
@@ -40,6 +52,7 @@ def figures(trainer, train_metrics: dict, eval_metrics: dict | None) -> dict:  #
         "world": trainer.args.world_size,
         "steps": trainer.state.global_step,
         "steps_per_second": train_metrics.get("train_steps_per_second"),
+        "cpu_seconds_per_step": train_metrics["cpu_seconds"] / max(trainer.state.global_step, 1),
         "params": tiny.digest(trainer.model),
         **extra,
     }
@@ -78,7 +91,7 @@ def sft(out: str, mode: str) -> None:
         callbacks=[StopAfterStep3()] if mode == "sft-stop" else None,
     )
     resume = os.path.join(out, "checkpoint-3") if mode == "sft-resume" else None
-    result = trainer.train(resume_from_checkpoint=resume)
+    result = timed_train(trainer, resume_from_checkpoint=resume)
     if mode == "sft-stop":
         return
     evaluation = trainer.evaluate()
@@ -96,7 +109,7 @@ def dpo(out: str) -> None:
         output_dir=out,
         per_device_train_batch_size=2,
         gradient_accumulation_steps=1,
-        max_steps=3,
+        max_steps=int(os.environ.get("CLIENT_MAX_STEPS", "3")),  # more for tools/bench/clients.py
         learning_rate=1e-2,
         beta=0.1,
         save_strategy="no",
@@ -117,7 +130,7 @@ def dpo(out: str) -> None:
         processing_class=tiny.tokenizer(),
         train_dataset=Dataset.from_dict({"prompt": prompts, "chosen": chosen, "rejected": rejected}),
     )
-    result = trainer.train()
+    result = timed_train(trainer)
     if trainer.is_world_process_zero():
         tiny.write(os.path.join(out, "dpo.json"), figures(trainer, result.metrics, None))
 

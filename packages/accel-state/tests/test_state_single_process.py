@@ -73,9 +73,17 @@ def test_collectives_are_identities_in_one_process() -> None:
     assert operations.pad_input_tensors(torch.ones(3, 2), 3, 2).shape == (4, 2)
 
 
-def test_collectives_refuse_a_world_that_was_never_initialised() -> None:
+@pytest.mark.parametrize(
+    "launcher",
+    [
+        {"RANK": "0", "WORLD_SIZE": "2"},
+        {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"},
+        {"SLURM_NTASKS": "2", "SLURM_PROCID": "0"},
+    ],
+)
+def test_collectives_refuse_a_world_that_was_never_initialised(launcher: dict) -> None:
     with (
-        patch_environment(RANK="0", WORLD_SIZE="2"),
+        patch_environment(**launcher),
         pytest.raises(RuntimeError, match="gather needs torch.distributed.*2 processes.*PartialState"),
     ):
         operations.gather(torch.ones(1))

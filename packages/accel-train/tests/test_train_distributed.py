@@ -231,6 +231,7 @@ def rank_checkpoint_files(folder: str) -> list[str]:
     model = accelerator.prepare(TinyNet())
     accelerator.save_state(folder)
     accelerator.load_state(folder)
+    accelerator.wait_for_everyone()  # each process adds its random states before its own save_state returns
     assert model is not None
     return sorted(os.listdir(folder))
 

@@ -45,11 +45,18 @@ from accel_state.nested import (  # noqa: F401  (re-exported: the documented hom
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+#: The variables through which a launcher or scheduler says there are several processes (cluster.detect).
+_WORLD_KEYS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS")
+
+
 def world_size(operation: str = "this operation") -> int:
     """Number of processes; an error if the launcher says several but no process group exists."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
-    expected = cluster.detect(os.environ).world_size
+    environ = os.environ
+    if not any(key in environ for key in _WORLD_KEYS):
+        return 1  # started without a launcher: one process (no parsing on every collective)
+    expected = cluster.detect(environ).world_size
     if expected > 1:
         raise RuntimeError(
             f"{operation} needs torch.distributed, but it is not initialized although the launcher started "

@@ -317,7 +317,8 @@ def check_contents(
     saved_processes = manifest.get("num_processes") if manifest else None
     own_rng = rng_file(process_index)
     rng_present = own_rng in entries or f"{RNG_STATE_NAME}_{process_index}.pkl" in entries
-    if not rng_present and saved_processes in (None, num_processes):
+    callers_only = bool(manifest) and manifest.get("process_files") == "callers"  # saved by the main one alone
+    if not rng_present and saved_processes in (None, num_processes) and not callers_only:
         missing.append(f"{own_rng} (random states of process {process_index})")
     if missing or extra:
         lines = [f"checkpoint {folder} does not match what this Accelerator prepared:"]
@@ -511,9 +512,8 @@ def read_objects(
             folder,
         )
     else:
-        logger.warning(
-            "no random states for process %d in %s (saved with another number of processes)", process_index, folder
-        )
+        why = "saved with another number of processes, or by the main process alone"
+        logger.warning("no random states for process %d in %s (%s): generators unchanged", process_index, folder, why)
 
 
 def _files_strategy() -> Any:

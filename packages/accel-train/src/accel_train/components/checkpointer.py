@@ -22,6 +22,25 @@ __all__ = ["Checkpointer", "RemovableHandle"]
 
 logger = logging.getLogger(__name__)
 
+#: Strategies whose checkpoint needs no other process: every process holds the whole model and optimizer.
+_UNSHARDED_STRATEGIES = frozenset({"single_device", "ddp"})
+
+#: The manifest's note that the per-process files come from the processes that called ``save_state``.
+_CALLERS = "callers"
+
+
+def _default_store() -> Any:
+    """The key-value store of the default process group (used to hand a save's completion to the others)."""
+    import torch.distributed as dist
+
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except (RuntimeError, ValueError, AttributeError) as error:
+        raise RuntimeError(
+            "save_state on several processes needs the default process group's store, which is not there: "
+            "start the processes with a launcher (accel launch, torchrun)"
+        ) from error
+
 
 class RemovableHandle:
     """What ``register_save_state_pre_hook`` / ``register_load_state_pre_hook`` return: ``remove()`` (or
@@ -166,10 +185,14 @@ class Checkpointer:
             )
         output_dir = os.fspath(output_dir)
         writer = self._is_writer()
+        alone = self._saves_alone()
+        if alone and not writer:
+            return self._add_process_files(output_dir)
         if writer:
             os.makedirs(os.path.dirname(os.path.abspath(output_dir)), exist_ok=True)
         tmp = ckpt.begin(output_dir, writer)
-        self.state.wait_for_everyone()
+        if not alone:
+            self.state.wait_for_everyone()
 
         models = list(self._models)
         strategy = self._strategy
@@ -192,6 +215,8 @@ class Checkpointer:
             "safe_serialization": bool(safe_serialization),
             "strategy": strategy.name,
         }
+        if alone:
+            manifest["process_files"] = _CALLERS
         active = self.gradient_state.active_dataloader if self._rewind_active_loader else None  # type: ignore[attr-defined]
 
         def loader_state(loader: Any) -> dict[str, Any]:
@@ -214,16 +239,18 @@ class Checkpointer:
         if writer:
             manifest.update(written)
         io_ = strategy.checkpoint_io
-        if not self.gradient_state.sync_gradients:  # type: ignore[attr-defined]
-            # Mid-accumulation: the gradients gathered so far are part of the state (per process under DDP).
-            grads = io.accumulated_gradients([self.unwrap_model(m, keep_torch_compile=False) for m in models])  # type: ignore[attr-defined]
-            if grads:
-                io_.save_weights(grads, os.path.join(tmp, ckpt.grads_file(self.state.process_index)))
-        self.state.wait_for_everyone()
+        grads = self._accumulated_gradients()
+        if grads:
+            io_.save_weights(grads, os.path.join(tmp, ckpt.grads_file(self.state.process_index)))
+        if not alone:
+            self.state.wait_for_everyone()
         if writer:
             io_.write_manifest(tmp, manifest)
             ckpt.publish(tmp, output_dir)
-        self.state.wait_for_everyone()
+        if alone:
+            self._announce_saved(output_dir)
+        else:
+            self.state.wait_for_everyone()
         if config.automatic_checkpoint_naming:
             if writer:
                 removed = ckpt.prune(self._checkpoints_base(), config.total_limit, keep=output_dir)
@@ -231,6 +258,65 @@ class Checkpointer:
                     logger.info("removed old checkpoint %s (total_limit=%s)", path, config.total_limit)
             config.iteration += 1
         logger.info("saved state to %s", output_dir)
+        return output_dir
+
+    # -- saving without the other processes (unsharded strategies, explicit folder) ---------------
+
+    def _saves_alone(self) -> bool:
+        """Whether a save into an explicit folder involves no other process: with several processes whose
+        strategy keeps the whole model on each (DDP), the writer saves and publishes the folder by itself,
+        so that ``if accelerator.is_main_process: accelerator.save_state(path)`` works as documented; the
+        processes that call it too add their own files (random states) once the folder is published.
+        Automatic naming and sharded strategies keep every process in step, as documented."""
+        return (
+            self.state.num_processes > 1
+            and self._strategy.name in _UNSHARDED_STRATEGIES
+            and not self.project_configuration.automatic_checkpoint_naming
+        )
+
+    def _accumulated_gradients(self) -> dict[str, torch.Tensor] | None:
+        """Mid-accumulation, the gradients gathered so far (part of the state, per process under DDP)."""
+        if self.gradient_state.sync_gradients:  # type: ignore[attr-defined]
+            return None
+        targets = [self.unwrap_model(m, keep_torch_compile=False) for m in self._models]  # type: ignore[attr-defined]
+        return io.accumulated_gradients(targets) or None
+
+    def _save_key(self, output_dir: str) -> str:
+        """The store key announcing this process's next save into ``output_dir`` (per writer and count)."""
+        counts: dict[str, int] = self.__dict__.setdefault("_saves_alone_counts", {})
+        path = os.path.abspath(output_dir)
+        counts[path] = counts.get(path, 0) + 1
+        writer = (
+            self.state.process_index - self.state.local_process_index
+            if self.project_configuration.save_on_each_node
+            else 0
+        )
+        return f"accel/save_state/{writer}/{path}#{counts[path]}"
+
+    def _announce_saved(self, output_dir: str) -> None:
+        """Writer: tell the processes that called ``save_state`` too that the folder is in place."""
+        _default_store().set(self._save_key(output_dir), "published")
+
+    def _add_process_files(self, output_dir: str) -> str:
+        """A process other than the writer: once the writer has published ``output_dir``, run the pre-hooks
+        (on the published folder) and add this process's random states and accumulated gradients."""
+        _default_store().wait([self._save_key(output_dir)])
+        os.makedirs(output_dir, exist_ok=True)  # another machine's folder without a shared file system
+        models = list(self._models)
+        weights = [self._strategy.checkpoint_weights(model) for model in models]
+        for hook in list(self._save_model_state_pre_hook.values()):
+            hook(models, weights, output_dir)
+        io_ = self._strategy.checkpoint_io
+        rank = self.state.process_index
+        rng_path = os.path.join(output_dir, ckpt.rng_file(rank))
+        io_.save_rng(f"{rng_path}.partial")
+        os.replace(f"{rng_path}.partial", rng_path)
+        grads = self._accumulated_gradients()
+        if grads:
+            grads_path = os.path.join(output_dir, ckpt.grads_file(rank))
+            io_.save_weights(grads, f"{grads_path}.partial")
+            os.replace(f"{grads_path}.partial", grads_path)
+        logger.info("added the files of process %d to %s", rank, output_dir)
         return output_dir
 
     def _training_objects(self) -> Any:
