@@ -87,11 +87,13 @@ def test_a_strategy_declares_the_precisions_it_runs_with() -> None:
         NoHalf.check_precision(None, PrecisionType.FP16)
 
 
-def test_deepspeed_table_refuses_fp8_by_name() -> None:
-    from accel_train.strategies.deepspeed.strategy import DeepSpeedStrategy
+def test_deepspeed_table_takes_fp8_with_its_engine_precision() -> None:
+    from accel_train.precisions.fp8 import EngineFP8Precision, FP8Precision
+    from accel_train.strategies.deepspeed.strategy import DeepSpeedStrategy, EnginePrecision
 
-    with pytest.raises(ValueError, match="mixed_precision='fp8' cannot run with the deepspeed strategy"):
-        DeepSpeedStrategy.check_precision(None, PrecisionType.FP8)
+    DeepSpeedStrategy.check_precision(None, PrecisionType.FP8)  # torchao layers, the engine in bf16
+    assert DeepSpeedStrategy.precision_for(FP8Precision, "fp8") is EngineFP8Precision
+    assert DeepSpeedStrategy.precision_for(FP8Precision, "bf16") is EnginePrecision
 
 
 # -- checkpoint names from one table -------------------------------------------------------------------------

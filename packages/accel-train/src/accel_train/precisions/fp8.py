@@ -232,15 +232,13 @@ class EngineFP8Precision(FP8Precision):
                 f"{self.fp8_backend}: accel does not wire TransformerEngine or MS-AMP into DeepSpeed's engine. "
                 "Pass kwargs_handlers=[AORecipeKwargs()] (or --fp8_backend ao)"
             )
-        handler = self.handlers.get("ao_recipe_handler")
-        asked = getattr(handler, "enable_fsdp_float8_all_gather", None)
-        given = getattr(self._recipe.config, "enable_fsdp_float8_all_gather", False)
-        if asked or given:
+        if getattr(self._recipe.config, "enable_fsdp_float8_all_gather", False):
             raise ValueError(
-                "enable_fsdp_float8_all_gather=True asks torchao to all-gather FSDP2 shards in float8; DeepSpeed "
-                "partitions parameters itself, and torchao's float8 weight wrapper cannot be moved by the engine. "
-                "Leave it unset (or False) in AORecipeKwargs / Float8LinearConfig under DeepSpeed"
+                "Float8LinearConfig(enable_fsdp_float8_all_gather=True) asks torchao to all-gather FSDP2 shards in "
+                "float8; DeepSpeed partitions parameters itself, and torchao's float8 weight wrapper cannot be "
+                "moved by the engine. Build the Float8LinearConfig without it under DeepSpeed"
             )
+        # AORecipeKwargs' flag (on by default) is an FSDP2 setting: it has no meaning under DeepSpeed
         self._recipe.enable_fsdp_float8_all_gather = False
 
     @property
