@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -66,7 +67,10 @@ def main() -> None:
         from accelerate import Accelerator
         from accelerate.utils import AORecipeKwargs, set_seed
 
-    handlers = [AORecipeKwargs()] if args.fp8 else []
+    # the float8 all-gather is an FSDP2 feature; under DeepSpeed it is refused, so ask without it there
+    under_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    recipe = AORecipeKwargs(enable_fsdp_float8_all_gather=False) if under_deepspeed else AORecipeKwargs()
+    handlers = [recipe] if args.fp8 else []
     accelerator = Accelerator(kwargs_handlers=handlers, **({"mixed_precision": "fp8"} if args.fp8 else {}))
     set_seed(0)
     model = Net()
