@@ -110,6 +110,18 @@ def test_dummy_scheduler_gives_the_schedule() -> None:
         MegatronLMDummyScheduler(optimizer, warmup_num_steps=-1)
 
 
+def test_prepare_sees_the_dummy_scheduler_as_a_scheduler() -> None:
+    # prepare hands schedulers to the strategy; a stand-in it did not recognise came back unchanged,
+    # and the GPU run then failed at scheduler.step() (seen on an H200)
+    from accel_train.accelerator import _is_scheduler
+
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    dummy = MegatronLMDummyScheduler(optimizer, total_num_steps=10)
+    assert _is_scheduler(dummy) and dummy.state_dict() == {}
+    with pytest.raises(RuntimeError, match="pass it to `accelerator.prepare`"):
+        dummy.step()
+
+
 def test_dummy_data_loader_holds_the_dataset_settings() -> None:
     loader = MegatronLMDummyDataLoader(data_path=["corpus"], seq_length=128, micro_batch_size=4)
     assert loader.seq_length == 128 and loader.set_megatron_data_args()["data_path"] == ["corpus"]

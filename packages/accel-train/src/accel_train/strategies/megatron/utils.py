@@ -36,6 +36,35 @@ class MegatronLMDummyScheduler:
         self.warmup_num_steps = warmup_num_steps
         self.kwargs = kwargs
 
+    # The scheduler methods make ``prepare`` see a scheduler here (and hand it to the strategy, which
+    # builds megatron-core's); the stand-in itself cannot be stepped.
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        """Not available: ``prepare`` replaces this stand-in with megatron-core's scheduler.
+
+        Args:
+            *args: Accepted for the scheduler signature; unused.
+            **kwargs: Accepted for the scheduler signature; unused.
+
+        Raises:
+            RuntimeError: Always.
+        """
+        raise RuntimeError(
+            "MegatronLMDummyScheduler only stands for the scheduler Megatron-LM builds; pass it to "
+            "`accelerator.prepare` and use the scheduler it returns"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """An empty dict: the stand-in holds no state."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Nothing to load: the real scheduler is built by ``prepare``.
+
+        Args:
+            state_dict: Ignored.
+        """
+
 
 class MegatronLMDummyDataLoader:
     """Stands for the data loaders of Megatron-LM indexed datasets (``megatron_dataset_flag``).
