@@ -85,7 +85,7 @@ def main() -> None:
     # DeepSpeed runs the model itself in bf16 (no autocast), so float inputs must match its dtype
     cast = (
         torch.bfloat16
-        if "DEEPSPEED" in str(accelerator.distributed_type) and accelerator.mixed_precision == "bf16"
+        if "DEEPSPEED" in str(accelerator.distributed_type) and accelerator.mixed_precision in ("bf16", "fp8")
         else None
     )
     losses = []
