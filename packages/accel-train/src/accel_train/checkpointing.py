@@ -317,7 +317,7 @@ def check_contents(
     saved_processes = manifest.get("num_processes") if manifest else None
     own_rng = rng_file(process_index)
     rng_present = own_rng in entries or f"{RNG_STATE_NAME}_{process_index}.pkl" in entries
-    callers_only = bool(manifest) and manifest.get("process_files") == "callers"  # saved by the main one alone
+    callers_only = manifest is not None and manifest.get("process_files") == "callers"  # saved by the main one alone
     if not rng_present and saved_processes in (None, num_processes) and not callers_only:
         missing.append(f"{own_rng} (random states of process {process_index})")
     if missing or extra:
