@@ -54,3 +54,40 @@ def num_params(model: torch.nn.Module) -> int:
 def local_numel(model: torch.nn.Module) -> int:
     """Parameters this rank holds (the local shard of a DTensor; FSDP1's views are already local)."""
     return sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters())
+
+
+def replace_dcp_item(folder: str, which: str, data: bytes) -> str:
+    """Point one item of the DCP folder ``folder`` at ``data`` (appended to its data file), as a crafted
+    checkpoint would. ``which``: ``"first"`` (an item of the first data file, which stays in that file) or
+    ``"last"`` (the last item of the last data file). Returns the data file's name."""
+    import os
+    import pickle
+
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    path = os.path.join(folder, ".metadata")
+    with open(path, "rb") as handle:
+        metadata = pickle.load(handle)  # the test's own file
+    ordered = sorted(metadata.storage_data.items(), key=lambda kv: (str(kv[1].relative_path), kv[1].offset))
+    index, info = ordered[0] if which == "first" else ordered[-1]
+    data_file = os.path.join(folder, str(info.relative_path))
+    offset = os.path.getsize(data_file)
+    with open(data_file, "ab") as handle:
+        handle.write(data)
+    metadata.storage_data[index] = _StorageInfo(info.relative_path, offset, len(data))
+    with open(path, "wb") as handle:
+        pickle.dump(metadata, handle)
+    return str(info.relative_path)
+
+
+def crafted_torch_file(marker: str) -> bytes:
+    """A ``torch.save`` zip whose pickle writes ``marker`` when loaded without ``weights_only``."""
+    import io
+
+    class Exploit:
+        def __reduce__(self):
+            return (exec, (f"open({marker!r}, 'w').write('ran')",))
+
+    buffer = io.BytesIO()
+    torch.save({"crafted": Exploit()}, buffer)
+    return buffer.getvalue()

@@ -6,6 +6,7 @@ and DeepSpeed cases are in ``test_checkpoint_trust_distributed.py``.)"""
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import pickle
 import subprocess
@@ -13,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from fsdp_helpers import BlockNet, regression_batches
+from fsdp_helpers import BlockNet, crafted_torch_file, regression_batches, replace_dcp_item
 
 from accel_state.errors import UnsafeCheckpointError
 from accel_state.testing import reset_shared_state
@@ -110,6 +111,8 @@ def _crafted_dcp_item(folder: str, marker: str) -> None:
         (True, "optimizer_0/.metadata"),
         (True, "optimizer_0/item"),
         (True, "pytorch_model_fsdp_0/item"),
+        (True, "pytorch_model_fsdp_0/tensor"),
+        (True, "optimizer_0/tensor"),
         (True, "scheduler.bin"),
         (False, "optimizer.bin"),
         (False, "scheduler.bin"),
@@ -124,6 +127,9 @@ def test_crafted_file_runs_nothing_and_changes_nothing(tmp_path, sharded: bool, 
     target = os.path.join(folder, position)
     if position.endswith("/item"):
         _crafted_dcp_item(os.path.dirname(target), marker)
+        named = os.path.dirname(target)
+    elif position.endswith("/tensor"):  # a tensor item of the saved layout points at a crafted pickle
+        replace_dcp_item(os.path.dirname(target), "first", crafted_torch_file(marker))
         named = os.path.dirname(target)
     else:
         _crafted_pickle(target, marker)
@@ -161,6 +167,57 @@ def test_sharded_checkpoint_still_loads_and_is_readable_by_torch(tmp_path) -> No
     metadata = dcp.FileSystemReader(os.path.join(folder, "pytorch_model_fsdp_0")).read_metadata()
     assert any(key.startswith("model.") for key in metadata.state_dict_metadata)
     reset_shared_state()
+
+
+def test_dcp_items_are_read_as_torch_reads_them(tmp_path) -> None:
+    """The pickle of every item, found by accel's zip reading, is the one torch's own reader finds; a zip
+    laid out otherwise (a compressed pickle) goes to torch's reader, and a crafted one is still refused."""
+    import zipfile
+
+    from torch.distributed.checkpoint.utils import _create_file_view
+
+    from accel_train.checkpoint_io import CheckpointIO
+    from accel_train.checkpoint_safety import _zip_pickle, read_dcp_metadata
+
+    accelerator = _accelerator(True)
+    _trained(accelerator)
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+    reset_shared_state()
+    checked = 0
+    for sub in ("pytorch_model_fsdp_0", "optimizer_0"):
+        metadata = read_dcp_metadata(os.path.join(folder, sub, ".metadata"))
+        for info in metadata.storage_data.values():
+            path = os.path.join(folder, sub, str(info.relative_path))
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                found = _zip_pickle(fd, info.offset, info.length)
+            finally:
+                os.close(fd)
+            with open(path, "rb") as stream:
+                view = _create_file_view(stream, info.offset, info.length)
+                assert found == torch._C.PyTorchFileReader(view).get_record("data.pkl")
+            checked += 1
+    assert checked > 20
+    marker = str(tmp_path / "marker")
+    crafted = crafted_torch_file(marker)
+    with zipfile.ZipFile(io.BytesIO(crafted)) as plain:
+        records = {name: plain.read(name) for name in plain.namelist()}
+    deflated = io.BytesIO()
+    with zipfile.ZipFile(deflated, "w", compression=zipfile.ZIP_DEFLATED) as packed:
+        for name, data in records.items():
+            packed.writestr(name, data)
+    model_dir = os.path.join(folder, "pytorch_model_fsdp_0")
+    replace_dcp_item(model_dir, "last", deflated.getvalue())
+    fd = os.open(os.path.join(model_dir, "__0_0.distcp"), os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        assert _zip_pickle(fd, size - len(deflated.getvalue()), len(deflated.getvalue())) is None
+    finally:
+        os.close(fd)
+    with pytest.raises(UnsafeCheckpointError, match="GLOBAL builtins.exec"):
+        CheckpointIO().check_sharded(model_dir)
+    assert not os.path.exists(marker)
 
 
 def test_merge_weights_refuses_crafted_folder(tmp_path, capsys) -> None:

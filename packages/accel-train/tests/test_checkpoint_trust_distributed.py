@@ -14,7 +14,7 @@ import os
 
 import pytest
 import torch
-from fsdp_helpers import BlockNet
+from fsdp_helpers import BlockNet, crafted_torch_file, replace_dcp_item
 
 from accel_state.imports import is_deepspeed_available
 from accel_state.testing import DistributedPool, reset_shared_state
@@ -64,44 +64,82 @@ class _Samples(torch.utils.data.Dataset):
         return self.x[index], self.y[index]
 
 
-def rank_run(backend: str, folder: str | None, save_at: int | None, load: bool) -> dict:
-    """STEPS optimizer steps of global batch GLOBAL_BATCH (each process GLOBAL_BATCH / world samples);
-    with ``save_at`` stop and save there; with ``load`` resume from ``folder`` at its step."""
-    reset_shared_state()
-    from accel_train import Accelerator, FullyShardedDataParallelPlugin
+class PlannedBlockNet(BlockNet):
+    """The block model with a tensor-parallel plan (used where the run has tp > 1)."""
 
-    plugin = None
-    if backend == "fsdp2":
-        plugin = FullyShardedDataParallelPlugin(
-            fsdp_version=2, state_dict_type="SHARDED_STATE_DICT", auto_wrap_policy="TRANSFORMER_BASED_WRAP"
-        )
+    tp_plan = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"}
+
+
+#: ParallelismConfig sizes of the ND families on each number of processes (1: FSDP2 on one process, whose
+#: checkpoint has the same layout: a trivial ParallelismConfig is no ND run).
+ND_SIZES = {
+    "tp": {2: {"tp_size": 2}, 4: {"dp_shard_size": 2, "tp_size": 2}},
+    "hsdp": {2: {"dp_shard_size": 2}, 4: {"dp_replicate_size": 2, "dp_shard_size": 2}},
+}
+
+#: (written on N, loaded on M) per backend; an HSDP checkpoint needs 4 processes to be written.
+RESHARDS = {
+    "ddp": [(2, 1), (1, 2), (2, 4)],
+    "fsdp2": [(2, 1), (1, 2), (2, 4)],
+    "fsdp1": [(2, 1), (1, 2), (2, 4)],
+    "tp": [(2, 1), (1, 2), (2, 4)],
+    "hsdp": [(4, 2), (4, 1), (2, 4)],
+}
+
+
+def _reshard_accelerator(backend: str, world: int):
+    from accel_data import DataLoaderConfiguration
+    from accel_train import Accelerator, FullyShardedDataParallelPlugin
+    from accel_train.parallelism_config import ParallelismConfig
+
     # The scheduler steps once per optimizer step (by default it steps once per process, so its count
     # would depend on the number of processes and could not match a run on another number).
-    accelerator = Accelerator(fsdp_plugin=plugin, step_scheduler_with_optimizer=False)
-    world = accelerator.num_processes
+    # The loader continues at the saved batch by itself (use_stateful_dataloader): the data position comes
+    # from the checkpoint, not from the test.
+    kwargs: dict = {
+        "step_scheduler_with_optimizer": False,
+        "dataloader_config": DataLoaderConfiguration(use_stateful_dataloader=True),
+    }
+    if backend != "ddp":
+        kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(
+            fsdp_version=1 if backend == "fsdp1" else 2,
+            state_dict_type="SHARDED_STATE_DICT",
+            auto_wrap_policy="TRANSFORMER_BASED_WRAP",
+        )
+    sizes = ND_SIZES.get(backend, {}).get(world)
+    if sizes:
+        kwargs["parallelism_config"] = ParallelismConfig(**sizes)
+    return Accelerator(**kwargs), (sizes or {}).get("tp_size", 1)
+
+
+def rank_run(backend: str, folder: str, save_at: int | None, load: bool) -> dict:
+    """STEPS optimizer steps of global batch GLOBAL_BATCH (each data-parallel rank GLOBAL_BATCH / its
+    number); with ``save_at`` save there and go on; with ``load`` resume from ``folder`` at its step."""
+    reset_shared_state()
+    accelerator, tp = _reshard_accelerator(backend, int(os.environ["WORLD_SIZE"]))
+    data_parallel = accelerator.num_processes // tp
     torch.manual_seed(0)
-    model = BlockNet()
+    model = PlannedBlockNet()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
-    loader = torch.utils.data.DataLoader(_Samples(GLOBAL_BATCH * STEPS), batch_size=GLOBAL_BATCH // world)
+    loader = torch.utils.data.DataLoader(_Samples(GLOBAL_BATCH * STEPS), batch_size=GLOBAL_BATCH // data_parallel)
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     out: dict = {}
     start = 0
     if load:
         accelerator.load_state(folder)
         out["draw_after_load"] = torch.rand(3)
-        start = accelerator.step if accelerator.step else SAVE_AT
-        loader = accelerator.skip_first_batches(loader, start)
+        start = loader.state_dict()["batches_yielded"]
+        out["samples_skipped"] = start * loader.total_batch_size
     for index, (x, y) in enumerate(loader, start=start):
-        if save_at is not None and index >= save_at:
-            break
         accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad()
-    if save_at is not None:
-        accelerator.save_state(folder)
-        out["draw_after_save"] = torch.rand(3)
+        if index + 1 == save_at:  # after save_at steps
+            accelerator.save_state(folder)
+            out["draw_after_save"] = torch.rand(3)
+            out["at_save"] = {k: v.detach().float().cpu() for k, v in accelerator.get_state_dict(model).items()}
     out["state"] = {k: v.detach().float().cpu() for k, v in accelerator.get_state_dict(model).items()}
     out["lr"] = scheduler.get_last_lr()[0]
     out["optimizer_steps"] = sorted({int(s["step"]) for s in optimizer.optimizer.state.values() if "step" in s})
@@ -109,23 +147,127 @@ def rank_run(backend: str, folder: str | None, save_at: int | None, load: bool) 
     return out
 
 
-@pytest.mark.parametrize("backend", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("backend", sorted(RESHARDS))
 def test_checkpoint_of_n_processes_resumes_on_m(pools, tmp_path, backend: str) -> None:
-    uninterrupted = {m: pools(m).run(rank_run, backend, None, None, False)[0] for m in (1, 2, 4)}
-    for saved_on, loaded_on in [(2, 1), (1, 2), (2, 4)]:
-        folder = str(tmp_path / f"ckpt_{saved_on}_{loaded_on}")
-        saved = pools(saved_on).run(rank_run, backend, folder, SAVE_AT, False)
-        resumed = pools(loaded_on).run(rank_run, backend, folder, None, True)
-        reference = uninterrupted[loaded_on]
+    """One run per number of processes that saves at SAVE_AT and trains on (the uninterrupted run there),
+    an uninterrupted run where nothing is saved, then a resumed run for each pair."""
+    pairs = RESHARDS[backend]
+    straight: dict[int, list[dict]] = {}
+    for world in sorted({n for n, _ in pairs}):
+        straight[world] = pools(world).run(rank_run, backend, str(tmp_path / f"saved_on_{world}"), SAVE_AT, False)
+    for world in sorted({m for _, m in pairs} - set(straight)):
+        straight[world] = pools(world).run(rank_run, backend, "", None, False)
+    for saved_on, loaded_on in pairs:
+        resumed = pools(loaded_on).run(rank_run, backend, str(tmp_path / f"saved_on_{saved_on}"), None, True)
+        reference = straight[loaded_on][0]
         for rank, result in enumerate(resumed):
-            assert result["lr"] == reference["lr"], (saved_on, loaded_on)
-            assert result["optimizer_steps"] == [STEPS], (saved_on, loaded_on)
+            where = (backend, saved_on, loaded_on, rank)
+            assert result["samples_skipped"] == SAVE_AT * GLOBAL_BATCH, where
+            assert result["lr"] == reference["lr"], where
+            assert result["optimizer_steps"] == [STEPS], where
             for name, value in reference["state"].items():
-                torch.testing.assert_close(result["state"][name], value, atol=1e-5, rtol=0)
+                torch.testing.assert_close(
+                    result["state"][name], value, atol=1e-5, rtol=0, msg=lambda m: f"{where}: {m}"
+                )
             if rank < saved_on:  # the random states of the ranks that exist carry over
-                assert torch.equal(result["draw_after_load"], saved[rank]["draw_after_save"])
+                assert torch.equal(result["draw_after_load"], straight[saved_on][rank]["draw_after_save"]), where
         # The continued run did train: it differs from the state at the save.
-        assert any(not torch.equal(saved[0]["state"][k], reference["state"][k]) for k in reference["state"])
+        at_save = straight[saved_on][0]["at_save"]
+        assert any(not torch.equal(at_save[k], reference["state"][k]) for k in reference["state"])
+
+
+# -- FSDP2 on two processes: each checks its share, all refuse alike ----------------------------------------
+
+
+def rank_fsdp_crafted(folder: str, marker: str) -> list[dict]:
+    """Save an FSDP2 sharded checkpoint; then load copies of it damaged where only process 0 checks (a
+    tensor item of the model's first data file), where only process 1 checks (the optimizer's last item),
+    and where every process looks (a missing data file). Each load must fail alike on both processes,
+    before anything is loaded; the genuine folder loads after."""
+    import shutil
+
+    import torch.distributed as dist
+
+    reset_shared_state()
+    from accel_train import Accelerator, FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="SHARDED_STATE_DICT")
+    accelerator = Accelerator(fsdp_plugin=plugin)
+    torch.manual_seed(0)
+    model = BlockNet()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    loader = torch.utils.data.DataLoader(_Samples(16), batch_size=4)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+
+    def train() -> None:
+        for x, y in loader:
+            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+
+    def snapshot() -> list[torch.Tensor]:
+        params = [v.detach().clone() for v in accelerator.get_state_dict(model).values()]
+        moments = [
+            (v.to_local() if hasattr(v, "to_local") else v).detach().clone()
+            for state in optimizer.optimizer.state.values()
+            for v in state.values()
+            if isinstance(v, torch.Tensor)
+        ]
+        return params + moments
+
+    train()
+    accelerator.save_state(folder)
+    results = []
+    for case in ("model_first", "optimizer_last", "missing_file"):
+        damaged = f"{folder}_{case}"
+        if accelerator.is_main_process:
+            shutil.copytree(folder, damaged)
+            if case == "model_first":
+                replace_dcp_item(os.path.join(damaged, "pytorch_model_fsdp_0"), "first", crafted_torch_file(marker))
+            elif case == "optimizer_last":
+                replace_dcp_item(os.path.join(damaged, "optimizer_0"), "last", crafted_torch_file(marker))
+            else:
+                os.remove(os.path.join(damaged, "optimizer_0", "__1_0.distcp"))
+        dist.barrier()
+        train()  # so that a load would visibly change the model and the optimizer
+        before = snapshot()
+        error = ""
+        try:
+            accelerator.load_state(damaged)
+        except Exception as raised:
+            error = f"{type(raised).__name__}: {raised}"
+        after = snapshot()
+        results.append(
+            {
+                "case": case,
+                "error": error,
+                "unchanged": all(torch.equal(a, b) for a, b in zip(before, after)),
+                "ran": os.path.exists(marker),
+            }
+        )
+    accelerator.load_state(folder)  # nothing is left hanging: the genuine folder loads
+    reset_shared_state()
+    return results
+
+
+def test_fsdp2_crafted_checkpoint_is_refused_alike_on_every_process(pools, tmp_path) -> None:
+    marker = str(tmp_path / "marker")
+    on_rank = pools(2).run(rank_fsdp_crafted, str(tmp_path / "ckpt"), marker)
+    for first, second in zip(*on_rank):
+        assert first["error"] == second["error"], (first, second)  # the same verdict on both processes
+        for result in (first, second):
+            assert result["unchanged"] and not result["ran"], result
+    expected = {
+        "model_first": ("UnsafeCheckpointError", "pytorch_model_fsdp_0/__0_0.distcp"),
+        "optimizer_last": ("UnsafeCheckpointError", "optimizer_0/__1_0.distcp"),
+        "missing_file": ("FileNotFoundError", "__1_0.distcp, which is missing"),
+    }
+    for result in on_rank[0]:
+        kind, named = expected[result["case"]]
+        assert result["error"].startswith(kind) and named in result["error"], result
+        if kind == "UnsafeCheckpointError":
+            assert "GLOBAL builtins.exec" in result["error"]
+    assert not os.path.exists(marker)
 
 
 # -- DeepSpeed: crafted engine files ---------------------------------------------------------------------

@@ -32,6 +32,7 @@ import logging
 import os
 import pickle
 import random
+import re
 import shutil
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -457,9 +458,21 @@ class CheckpointIO:
 
     def check_sharded(self, folder: str) -> None:
         """Refuse a DCP folder whose metadata or any item would run code, or whose files are missing."""
-        from accel_train.checkpoint_safety import check_dcp_folder
+        for _, check in self.sharded_checks(folder):
+            check()
 
-        check_dcp_folder(folder)
+    def sharded_checks(self, folder: str, verified: set[bytes] | None = None) -> list[tuple[str, Any]]:
+        """The checks of a DCP folder, one per item, as ``(label, check)`` (see
+        :func:`~accel_train.checkpoint_safety.dcp_folder_checks`); its ``.metadata`` is read and checked
+        here, so a refused metadata, a missing or a short data file raises at once.
+
+        Args:
+            folder: the DCP folder.
+            verified: item pickles already checked, shared between folders (a new set when not given).
+        """
+        from accel_train.checkpoint_safety import dcp_folder_checks
+
+        return dcp_folder_checks(folder, verified)
 
 
 def _partial_folder(path: str) -> str | None:
@@ -487,10 +500,74 @@ def writing(path: str) -> Iterator[None]:
     except BaseException as error:  # torch.distributed.checkpoint's CheckpointException is a BaseException
         if isinstance(error, (KeyboardInterrupt, SystemExit, GeneratorExit)):
             raise
-        from accel_train.checkpoint_safety import write_error
-
         failure = write_error(path, error)
         partial = _partial_folder(path)
         if partial is not None:
             shutil.rmtree(partial, ignore_errors=True)
         raise failure from error
+
+
+# -- errors while writing ---------------------------------------------------------------------------------------
+
+
+def _os_error_in(error: BaseException) -> OSError | None:
+    """The ``OSError`` behind ``error`` (its cause chain, DCP's per-rank failures), if any."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [error]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno is not None:
+            return current
+        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+        failures = getattr(current, "failures", None)  # torch.distributed.checkpoint's CheckpointException
+        if isinstance(failures, dict):
+            for value in failures.values():
+                first = value[0] if isinstance(value, tuple) else value
+                if isinstance(first, BaseException):
+                    todo.append(first)
+    return None
+
+
+def _probe_reason(path: str) -> int | None:
+    """Why writing under ``path``'s folder fails, found by looking (free space, file-size limit, access)."""
+    import errno
+
+    folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+    while folder and not os.path.isdir(folder):
+        folder = os.path.dirname(folder)
+    try:
+        stats = os.statvfs(folder)
+        if stats.f_bavail * stats.f_frsize < 1024 * 1024:
+            return errno.ENOSPC
+    except OSError:
+        pass
+    if not os.access(folder, os.W_OK):
+        return errno.EACCES
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if soft != resource.RLIM_INFINITY:
+            return errno.EFBIG
+    except (ImportError, ValueError, OSError):
+        pass
+    return None
+
+
+def write_error(path: str, error: BaseException) -> OSError:
+    """An ``OSError`` naming ``path`` and the operating system's reason (``No space left on device`` ...)
+    for a failed write, whatever library raised it (torch.save reports only "unexpected pos")."""
+    import errno as errno_module
+
+    found = _os_error_in(error)
+    code = found.errno if found is not None else None
+    if code is None:
+        match = re.search(r"os error (\d+)", str(error))  # safetensors' Rust I/O errors
+        code = int(match.group(1)) if match else _probe_reason(path)
+    reason = os.strerror(code) if code is not None else f"{type(error).__name__}: {error}"
+    result = OSError(code if code is not None else errno_module.EIO, f"could not write checkpoint file ({reason})")
+    result.filename = path
+    return result

@@ -10,20 +10,25 @@ Three formats reach a pickle reader somewhere below accel:
   :func:`read_dcp_metadata` reads it with an unpickler that resolves only the classes DCP writes.
 * DCP's non-tensor items (``BYTE_IO``: step counters, learning rates ...), which torch's default
   planner reads with ``torch.load(weights_only=False)``: :class:`SafeLoadPlanner` reads them with
-  ``weights_only=True``, and :func:`check_dcp_folder` checks every item before anything is loaded, so a
+  ``weights_only=True``, and :func:`dcp_folder_checks` checks every item before anything is loaded, so a
   refused folder leaves the model and optimizer untouched.
 
 A refused file raises :class:`~accel_state.errors.UnsafeCheckpointError` naming the file and
-the Python global it asked for; nothing of it was executed.
+the Python global it asked for; nothing of it was executed. :func:`run_checks` shares the checks of a
+folder that all processes load out between them (each checks a slice) and gives every process the
+same verdict in one collective.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import pickle
 import re
-from collections.abc import Iterable
+import struct
+import zlib
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, BinaryIO
 
 import torch
@@ -34,10 +39,11 @@ __all__ = [
     "DCP_METADATA_GLOBALS",
     "SafeFileSystemReader",
     "SafeLoadPlanner",
-    "check_dcp_folder",
+    "dcp_folder_checks",
     "check_torch_file",
     "check_torch_stream",
     "read_dcp_metadata",
+    "run_checks",
     "unsafe_found",
 ]
 
@@ -189,13 +195,37 @@ class _DcpUnpickler(pickle.Unpickler):
         raise UnsafeCheckpointError(self.path, f"persistent id {str(pid)[:80]}")
 
 
+#: The last metadata read, by path: ``(file identity, Metadata)``. A load reads each ``.metadata`` three
+#: times (the checks, the shape check, torch's reader); the file is unpickled once while it stays the same.
+_METADATA_READ: dict[str, tuple[tuple[int, ...], Any]] = {}
+
+
 def read_dcp_metadata(path: str | os.PathLike[str]) -> Any:
     """The ``Metadata`` of a DCP ``.metadata`` file, unpickled with the allow-list above.
+
+    The result is kept while the file stays the same (same inode, size and modification time): a
+    second read of an unchanged file returns the same object without reading it again.
+
+    Args:
+        path: the ``.metadata`` file.
 
     Raises:
         UnsafeCheckpointError: the file names another class, or is not a DCP metadata pickle.
     """
     path = os.fspath(path)
+    stat = os.stat(path)
+    identity = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    kept = _METADATA_READ.get(path)
+    if kept is not None and kept[0] == identity:
+        return kept[1]
+    metadata = _read_dcp_metadata(path)
+    if len(_METADATA_READ) >= 16:
+        _METADATA_READ.pop(next(iter(_METADATA_READ)))
+    _METADATA_READ[path] = (identity, metadata)
+    return metadata
+
+
+def _read_dcp_metadata(path: str) -> Any:
     from torch.distributed.checkpoint.metadata import Metadata
 
     with open(path, "rb") as stream:
@@ -264,18 +294,178 @@ def safe_empty_planner() -> Any:
     return _planner_class(_EmptyStateDictLoadPlanner)()
 
 
-def check_dcp_folder(folder: str | os.PathLike[str]) -> Any:
-    """Check a whole DCP folder before loading: its ``.metadata`` and every item of every ``.distcp``
-    file it names (tensors read onto ``meta``: only their pickles are read). Returns the ``Metadata``.
+#: A check of one part of a checkpoint: ``(label, check)``; ``check()`` raises when the part is refused. The
+#: label names the part (a relative path, with the byte range of a DCP item) the same way on every process.
+Check = tuple[str, Callable[[], None]]
 
-    Raises:
-        UnsafeCheckpointError: a file holds a pickle outside the allow-list (named, with what it asked for).
-        FileNotFoundError: the metadata names a data file that is missing.
-        ValueError: an item lies outside its data file (truncated or replaced file).
+
+def _meta_storages() -> Callable[[Any], Any]:
+    """A ``persistent_load`` for torch's pickles that gives every storage on the ``meta`` device (as
+    ``torch.load(map_location="meta")`` does): the pickle is judged, no tensor byte is read."""
+    loaded: dict[Any, Any] = {}
+
+    def persistent_load(saved_id: Any) -> Any:
+        if not isinstance(saved_id, tuple) or len(saved_id) != 5:
+            raise ValueError(f"not a torch storage reference: {str(saved_id)[:80]}")
+        typename, storage_type, key, _, numel = saved_id
+        if (typename.decode("ascii") if isinstance(typename, bytes) else typename) != "storage":
+            raise ValueError(f"not a torch storage reference: {str(saved_id)[:80]}")
+        if key not in loaded:
+            dtype = torch.uint8 if storage_type is torch.UntypedStorage else storage_type.dtype
+            untyped = torch.UntypedStorage(int(numel) * torch._utils._element_size(dtype), device="meta")
+            loaded[key] = torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
+        return loaded[key]
+
+    return persistent_load
+
+
+def _check_pickle(pickled: bytes, path: str) -> bool:
+    """Judge the ``data.pkl`` of a ``torch.save`` zip with torch's own weights-only unpickler (the one
+    ``torch.load(weights_only=True)`` runs), its storages on ``meta``; ``False`` when this torch has no
+    such unpickler (the caller then runs ``torch.load`` itself)."""
+    try:
+        from torch import _weights_only_unpickler as restricted
+    except ImportError:
+        return False
+    unpickler = restricted.Unpickler(io.BytesIO(pickled), encoding="utf-8")
+    unpickler.persistent_load = _meta_storages()
+    try:
+        unpickler.load()
+    except Exception as error:
+        if _is_weights_only_error(error):
+            raise UnsafeCheckpointError(path, unsafe_found(error, pickled)) from None
+        raise
+    return True
+
+
+_EOCD = struct.Struct("<4s4H2IH")  # end of central directory: signature, disks, entries, size, offset, comment
+_ZIP64_LOCATOR = struct.Struct("<4sIQI")  # signature, disk, offset of the zip64 end record, disks
+_ZIP64_EOCD = struct.Struct("<4sQ2H2I4Q")  # signature, size, versions, disks, entries, central directory size, offset
+_CENTRAL = struct.Struct("<4s6H3I5H2I")  # a central directory entry (46 bytes before its name)
+_LOCAL = struct.Struct("<4s5H3I2H")  # a local file header (30 bytes before its name)
+_TAIL = 4096  # bytes read from an item's end: torch's central directory (7 entries) fits easily
+
+
+def _zip_pickle(fd: int, offset: int, length: int) -> bytes | None:
+    """The ``data.pkl`` record of the ``torch.save`` zip at ``offset`` (``length`` bytes) of the open file
+    ``fd``, found as torch's zip reader (miniz) finds it: end record at the very end (its zip64 record
+    when present), the first entry's folder as the archive name, the one entry named ``<archive>/data.pkl``
+    (compared ignoring ASCII case), its stored bytes after the local header, CRC-32 checked.
+
+    ``None`` when anything differs from a plain stored zip as ``torch.save`` writes it (the caller then
+    asks torch's own reader): two or three small reads instead of torch's reader over a Python file.
     """
+    size = min(length, _TAIL)
+    base = length - size  # where the tail starts, relative to the item
+    tail = os.pread(fd, size, offset + base)
+    if len(tail) != size or size < _EOCD.size:
+        return None
+    signature, disk, cd_disk, _, entries, cd_size, cd_offset, comment = _EOCD.unpack_from(tail, size - _EOCD.size)
+    if signature != b"PK\x05\x06" or comment or disk or cd_disk:
+        return None
+    locator = size - _EOCD.size - _ZIP64_LOCATOR.size
+    if locator >= 0 and tail[locator : locator + 4] == b"PK\x06\x07":
+        _, _, record, disks = _ZIP64_LOCATOR.unpack_from(tail, locator)
+        position = record - base
+        if disks != 1 or not 0 <= position <= locator - _ZIP64_EOCD.size:
+            return None
+        fields = _ZIP64_EOCD.unpack_from(tail, position)
+        if fields[0] == b"PK\x06\x06":
+            if fields[4] or fields[5] or fields[1] < _ZIP64_EOCD.size - 12:
+                return None
+            entries, cd_size, cd_offset = fields[7], fields[8], fields[9]
+    start = cd_offset - base
+    if start < 0 or start + cd_size > size or entries == 0:
+        return None
+    names: list[bytes] = []
+    records: list[tuple[int, int, int]] = []  # crc, size, local header offset
+    position = start
+    for _ in range(entries):
+        if position + _CENTRAL.size > start + cd_size:
+            return None
+        field = _CENTRAL.unpack_from(tail, position)
+        method, crc, compressed, plain, name_len = field[4], field[7], field[8], field[9], field[10]
+        if field[0] != b"PK\x01\x02" or method != 0 or compressed != plain or field[13]:
+            return None
+        if 0xFFFFFFFF in (compressed, plain, field[16]) or field[16] + _LOCAL.size + compressed > length:
+            return None
+        end = position + _CENTRAL.size + name_len + field[11] + field[12]
+        if end > start + cd_size:
+            return None
+        names.append(tail[position + _CENTRAL.size : position + _CENTRAL.size + name_len])
+        records.append((crc, compressed, field[16]))
+        position = end
+    slash = names[0].find(b"/")
+    if slash < 0:
+        return None
+    wanted = names[0][: slash + 1].lower() + b"data.pkl"
+    found = [index for index, name in enumerate(names) if name.lower() == wanted]
+    if len(found) != 1:
+        return None
+    crc, record_size, local = records[found[0]]
+    header = os.pread(fd, _LOCAL.size, offset + local)
+    if len(header) != _LOCAL.size:
+        return None
+    field = _LOCAL.unpack(header)
+    if field[0] != b"PK\x03\x04":
+        return None
+    data_start = local + _LOCAL.size + field[9] + field[10]
+    if data_start + record_size > length:
+        return None
+    data = os.pread(fd, record_size, offset + data_start)
+    if len(data) != record_size or zlib.crc32(data) != crc:
+        return None
+    return data
+
+
+def _check_dcp_item(path: str, offset: int, length: int, verified: set[bytes]) -> None:
+    """Check one item of a ``.distcp`` file (a ``torch.save`` zip at ``offset``), its tensors onto ``meta``.
+
+    The item's pickle (``data.pkl``) is found as torch's zip reader finds it (:func:`_zip_pickle`, or
+    torch's reader itself for an unusual zip) and judged by torch's weights-only unpickler. An item
+    whose pickle is byte for byte one already judged gets the same verdict without unpickling it
+    again: the exp_avg and exp_avg_sq shards of a parameter share the weight's pickle.
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pickled = _zip_pickle(fd, offset, length)
+    finally:
+        os.close(fd)
+    if pickled is not None and pickled in verified:
+        return
+    if pickled is not None and _check_pickle(pickled, path):
+        verified.add(pickled)
+        return
     from torch.distributed.checkpoint.utils import _create_file_view
 
-    folder = os.fspath(folder)
+    with open(path, "rb") as stream:  # an unusual zip, or no weights-only unpickler: torch reads it all
+        view = _create_file_view(stream, offset, length)
+        check_torch_stream(view, path)  # type: ignore[arg-type]
+
+
+def dcp_folder_checks(folder: str | os.PathLike[str], verified: set[bytes] | None = None) -> list[Check]:
+    """Read and check the ``.metadata`` of a DCP folder, and return one check per item of its data files.
+
+    Reading the metadata (every process does it: it is small) already refuses a class outside the
+    allow-list, a data file outside the folder, a missing data file and one shorter than the items it
+    should hold. Each returned check reads one item's pickle with ``weights_only=True`` (its tensors onto
+    ``meta``, their bytes unread); the checks can be shared out between processes
+    (:func:`run_checks`).
+
+    Args:
+        folder: the DCP folder (``pytorch_model_fsdp_0/``, ``optimizer_0/`` ...).
+        verified: the item pickles already checked (shared by the checks of several folders: a model's and
+            its optimizer's items share pickles); a new set when not given. Checks add to it.
+
+    Raises:
+        UnsafeCheckpointError: the metadata names a class outside the allow-list.
+        FileNotFoundError: the metadata names a data file that is missing.
+        ValueError: a data file lies outside the folder or is shorter than its items.
+    """
+    return _dcp_checks(os.fspath(folder), set() if verified is None else verified)[1]
+
+
+def _dcp_checks(folder: str, verified: set[bytes]) -> tuple[Any, list[Check]]:
     metadata = read_dcp_metadata(os.path.join(folder, ".metadata"))
     by_file: dict[str, list[Any]] = {}
     for info in (metadata.storage_data or {}).values():
@@ -283,86 +473,114 @@ def check_dcp_folder(folder: str | os.PathLike[str]) -> Any:
         if os.path.isabs(relative) or ".." in relative.replace("\\", "/").split("/"):
             raise ValueError(f"{folder}/.metadata names a data file outside its folder: {relative!r}")
         by_file.setdefault(relative, []).append(info)
-    for relative, infos in by_file.items():
+    checks: list[Check] = []
+    for relative in sorted(by_file):
         path = os.path.join(folder, relative)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{folder}/.metadata names {relative}, which is missing: the folder is incomplete")
         size = os.path.getsize(path)
-        with open(path, "rb") as stream:
-            for info in infos:
-                if getattr(info, "transform_descriptors", None):
-                    continue  # compressed items: torch reads them with weights_only=True (checked on load)
-                if info.offset + info.length > size:
-                    raise ValueError(
-                        f"{path} is shorter ({size} bytes) than its metadata says (an item ends at "
-                        f"{info.offset + info.length}): the file was truncated or replaced"
-                    )
-                # A view of the item (seekable, nothing read ahead): only its zip directory and pickle are read.
-                check_torch_stream(_create_file_view(stream, info.offset, info.length), path)  # type: ignore[arg-type]
-    return metadata
+        for info in sorted(by_file[relative], key=lambda item: (item.offset, item.length)):
+            if info.offset + info.length > size:
+                raise ValueError(
+                    f"{path} is shorter ({size} bytes) than its metadata says (an item ends at "
+                    f"{info.offset + info.length}): the file was truncated or replaced"
+                )
+            if getattr(info, "transform_descriptors", None):
+                continue  # compressed items: torch reads them with weights_only=True (checked on load)
+            label = f"{relative}@{info.offset}+{info.length}"
+            checks.append((label, functools.partial(_check_dcp_item, path, info.offset, info.length, verified)))
+    return metadata, checks
 
 
-# -- errors while writing ---------------------------------------------------------------------------------------
+# -- checks shared out between processes -------------------------------------------------------------------
 
 
-def _os_error_in(error: BaseException) -> OSError | None:
-    """The ``OSError`` behind ``error`` (its cause chain, DCP's per-rank failures), if any."""
-    seen: set[int] = set()
-    todo: list[BaseException] = [error]
-    while todo:
-        current = todo.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno is not None:
-            return current
-        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
-        failures = getattr(current, "failures", None)  # torch.distributed.checkpoint's CheckpointException
-        if isinstance(failures, dict):
-            for value in failures.values():
-                first = value[0] if isinstance(value, tuple) else value
-                if isinstance(first, BaseException):
-                    todo.append(first)
-    return None
+def _process_group() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
-def _probe_reason(path: str) -> int | None:
-    """Why writing under ``path``'s folder fails, found by looking (free space, file-size limit, access)."""
-    import errno
-
-    folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
-    while folder and not os.path.isdir(folder):
-        folder = os.path.dirname(folder)
+def _portable(error: BaseException) -> BaseException:
+    """``error`` itself when it survives pickling (to travel to the other processes), else a ``RuntimeError``
+    with its type and message."""
     try:
-        stats = os.statvfs(folder)
-        if stats.f_bavail * stats.f_frsize < 1024 * 1024:
-            return errno.ENOSPC
-    except OSError:
-        pass
-    if not os.access(folder, os.W_OK):
-        return errno.EACCES
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+def run_checks(plan: Callable[[], Sequence[Check]], distributed: bool = False) -> None:
+    """Run the checks ``plan()`` returns; with ``distributed`` (and a process group of more than one
+    process) each process runs only its share, and every process raises the same error.
+
+    Collective when ``distributed``: every process of the default group calls it on the same folder. Each
+    runs one contiguous slice of the checks (process ``r`` of ``n`` the ``r``-th ``n``-th: neighbouring
+    items of one file, which often share a pickle, stay together) and the processes exchange, in one
+    ``all_gather_object``, a digest of their plan and their first failure; all then raise the failure that
+    comes first in the plan (the process that found it raises its own exception, the others a copy), so
+    no process goes on to load while another refuses. When the plans differ (the processes do not see
+    the same files: a folder copied per machine), each process runs every check itself and the
+    failures are exchanged once more.
+
+    Args:
+        plan: returns the checks, in the same order on every process (it may raise: a refused
+            ``.metadata``, a missing file; that failure comes before any check's).
+        distributed: share the checks out between the processes (every process must call this).
+
+    Raises:
+        UnsafeCheckpointError: a checked file would run code (the first refused, in plan order).
+        FileNotFoundError: a file the checkpoint needs is missing.
+        ValueError: a file is truncated or points outside its folder.
+    """
+    rank, world = _process_group() if distributed else (0, 1)
+    failure: tuple[int, BaseException] | None = None
+    checks: Sequence[Check] = []
     try:
-        import resource
+        checks = plan()
+    except Exception as error:
+        failure = (-1, error)
+    if world == 1:
+        if failure is not None:
+            raise failure[1]
+        for _, check in checks:
+            check()
+        return
 
-        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
-        if soft != resource.RLIM_INFINITY:
-            return errno.EFBIG
-    except (ImportError, ValueError, OSError):
-        pass
-    return None
+    import hashlib
+
+    import torch.distributed as dist
+
+    def run(indices: Iterable[int]) -> tuple[int, BaseException] | None:
+        for index in indices:
+            try:
+                checks[index][1]()
+            except Exception as error:
+                return index, error
+        return None
+
+    start, end = len(checks) * rank // world, len(checks) * (rank + 1) // world
+    if failure is None:
+        failure = run(range(start, end))
+    digest = hashlib.sha256("\n".join(label for label, _ in checks).encode()).hexdigest()
+    found: list[Any] = [None] * world
+    dist.all_gather_object(found, (digest, _share_failure(failure)))
+    if len({entry[0] for entry in found}) > 1:  # not the same files everywhere: check them all here
+        if failure is None or failure[0] >= 0:  # the others' checks that come before this one's failure
+            limit = len(checks) if failure is None else failure[0]
+            failure = run(index for index in range(limit) if not start <= index < end) or failure
+        dist.all_gather_object(found, (digest, _share_failure(failure)))
+    failures = [(entry[1][0], process, entry[1][1]) for process, entry in enumerate(found) if entry[1] is not None]
+    if not failures:
+        return
+    index, process, error = min(failures, key=lambda item: (item[0], item[1]))
+    if failure is not None and failure[0] == index and process == rank:
+        raise failure[1]
+    raise error
 
 
-def write_error(path: str, error: BaseException) -> OSError:
-    """An ``OSError`` naming ``path`` and the operating system's reason (``No space left on device`` ...)
-    for a failed write, whatever library raised it (torch.save reports only "unexpected pos")."""
-    import errno as errno_module
-
-    found = _os_error_in(error)
-    code = found.errno if found is not None else None
-    if code is None:
-        match = re.search(r"os error (\d+)", str(error))  # safetensors' Rust I/O errors
-        code = int(match.group(1)) if match else _probe_reason(path)
-    reason = os.strerror(code) if code is not None else f"{type(error).__name__}: {error}"
-    result = OSError(code if code is not None else errno_module.EIO, f"could not write checkpoint file ({reason})")
-    result.filename = path
-    return result
+def _share_failure(failure: tuple[int, BaseException] | None) -> tuple[int, BaseException] | None:
+    return None if failure is None else (failure[0], _portable(failure[1]))

@@ -11,6 +11,7 @@ Accelerator prepared, listing what is missing or extra.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import re
@@ -343,34 +344,59 @@ _READ_TORCH_FILE_RE = re.compile(
 _READ_FOLDER_RE = re.compile(r"^(pytorch_model(_fsdp)?(_\d+)?|optimizer_\d+)$")
 
 
-def check_folder(folder: str, io_: Any) -> None:
+def check_folder(folder: str, io_: Any, distributed: bool = False) -> None:
     """Check every file a load of ``folder`` reads before anything is loaded, so that a refused file leaves
     the model and optimizer untouched: ``torch.save`` files of the layout (``io_.check_file``), DCP folders
-    (``io_.check_sharded``: metadata and every item) and a backend's own sub-folders (every ``.pt`` /
-    ``.bin`` / ``.pkl`` in them, a DeepSpeed tag for example).
+    (``io_.sharded_checks``: metadata and every item) and a backend's own sub-folders (every ``.pt`` /
+    ``.bin`` / ``.pkl`` in them, a DeepSpeed tag for example). With ``distributed`` and a folder that the
+    processes read together (sharded or engine state), each process checks its share and all raise the
+    same error (:func:`~accel_train.checkpoint_safety.run_checks`).
+
+    Args:
+        folder: the checkpoint folder.
+        io_: the :class:`~accel_train.checkpoint_io.CheckpointIO` whose checks apply.
+        distributed: whether every process of the run calls this on the same folder.
 
     Raises:
         UnsafeCheckpointError: a file would run code when unpickled (named, with what it asks for).
     """
-    for entry in sorted(os.listdir(folder)):
-        path = os.path.join(folder, entry)
-        if os.path.isdir(path):
-            if not _READ_FOLDER_RE.match(entry):
-                continue  # a folder of the user's, moved along with the checkpoint: never read
-            if os.path.isfile(os.path.join(path, ".metadata")):
-                io_.check_sharded(path)
-                continue
-            for root, dirs, files in os.walk(path):
-                dirs.sort()
-                if ".metadata" in files:
-                    io_.check_sharded(root)
-                    dirs[:] = []
-                    continue
-                for name in sorted(files):
-                    if name.endswith((".pt", ".bin", ".pkl", ".pth")):
-                        io_.check_file(os.path.join(root, name))
-        elif _READ_TORCH_FILE_RE.match(entry):
-            io_.check_file(path)
+    from accel_train.checkpoint_safety import run_checks
+
+    entries = sorted(os.listdir(folder))
+    shared = distributed and any(_READ_FOLDER_RE.match(e) and os.path.isdir(os.path.join(folder, e)) for e in entries)
+
+    def file_check(relative: str) -> tuple[str, Callable[[], None]]:
+        path = os.path.join(folder, relative)
+        return f"{relative}:{os.path.getsize(path)}", functools.partial(io_.check_file, path)
+
+    def plan() -> list[tuple[str, Callable[[], None]]]:
+        checks: list[tuple[str, Callable[[], None]]] = []
+        verified: set[bytes] = set()  # item pickles checked, shared by the model's and optimizer's folders
+
+        def sharded(relative: str) -> None:
+            found = io_.sharded_checks(os.path.join(folder, relative), verified)
+            checks.extend((f"{relative}/{label}", check) for label, check in found)
+
+        for entry in entries:
+            path = os.path.join(folder, entry)
+            if os.path.isdir(path):
+                if not _READ_FOLDER_RE.match(entry):
+                    continue  # a folder of the user's, moved along with the checkpoint: never read
+                for root, dirs, files in os.walk(path):
+                    dirs.sort()
+                    relative = os.path.relpath(root, folder)
+                    if ".metadata" in files:
+                        sharded(relative)
+                        dirs[:] = []
+                        continue
+                    for name in sorted(files):
+                        if name.endswith((".pt", ".bin", ".pkl", ".pth")):
+                            checks.append(file_check(os.path.join(relative, name)))
+            elif _READ_TORCH_FILE_RE.match(entry):
+                checks.append(file_check(entry))
+        return checks
+
+    run_checks(plan, distributed=shared)
 
 
 def to_device(obj: Any, device: Any) -> Any:
@@ -470,6 +496,7 @@ def read_objects(
     optimizer_location: Any,
     process_index: int,
     strict: bool = True,
+    distributed: bool = False,
 ) -> None:
     """Restore every object of ``objects`` from ``folder`` (never unpickling); called on every rank.
 
@@ -482,9 +509,10 @@ def read_objects(
         optimizer_location: ``map_location`` of optimizer states.
         process_index: this process's rank (its random-state file).
         strict: every model key must match.
+        distributed: every process calls this on the same folder (the checks are shared out between them).
     """
     io_ = strategy.checkpoint_io
-    check_folder(folder, io_)
+    check_folder(folder, io_, distributed=distributed)
     for model, entry in zip(objects.models, model_entries):
         strategy.load_model_checkpoint(model, folder, entry, device, strict=strict)
     for index, optimizer in enumerate(objects.optimizers):

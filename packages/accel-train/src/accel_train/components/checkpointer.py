@@ -406,6 +406,7 @@ class Checkpointer:
             optimizer_location=dict(load_kwargs or {}).get("map_location", device),
             process_index=self.state.process_index,
             strict=load_model_func_kwargs.pop("strict", True),
+            distributed=True,
         )
         grads_path = os.path.join(folder, ckpt.grads_file(self.state.process_index))
         targets = [self.unwrap_model(m, keep_torch_compile=False) for m in models]  # type: ignore[attr-defined]
