@@ -1,8 +1,8 @@
-"""Fixtures of accel-train's tests: a pool of two real gloo processes, and fresh shared state."""
+"""Fixtures of accel-train's tests: pools of real gloo processes, and fresh shared state."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -13,6 +13,22 @@ from accel_state.testing import DistributedPool, reset_shared_state
 def dist_pool() -> Iterator[DistributedPool]:
     with DistributedPool(world_size=2, timeout=180) as pool:
         yield pool
+
+
+@pytest.fixture(scope="module")
+def pools() -> Iterator[Callable[[int], DistributedPool]]:
+    """Pools of any size, opened on first use and kept for the test module (resharding tests need
+    1, 2 and 4 processes)."""
+    opened: dict[int, DistributedPool] = {}
+
+    def get(world: int) -> DistributedPool:
+        if world not in opened:
+            opened[world] = DistributedPool(world_size=world, timeout=600).start()
+        return opened[world]
+
+    yield get
+    for pool in opened.values():
+        pool.close()
 
 
 @pytest.fixture(autouse=True)

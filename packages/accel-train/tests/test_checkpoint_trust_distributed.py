@@ -17,27 +17,13 @@ import torch
 from fsdp_helpers import BlockNet, crafted_torch_file, replace_dcp_item
 
 from accel_state.imports import is_deepspeed_available
-from accel_state.testing import DistributedPool, reset_shared_state
+from accel_state.testing import reset_shared_state
 
 pytestmark = pytest.mark.slow
 
 GLOBAL_BATCH = 8
 STEPS = 6
 SAVE_AT = 3
-
-
-@pytest.fixture(scope="module")
-def pools():
-    opened: dict[int, DistributedPool] = {}
-
-    def get(world: int) -> DistributedPool:
-        if world not in opened:
-            opened[world] = DistributedPool(world_size=world, timeout=600).start()
-        return opened[world]
-
-    yield get
-    for pool in opened.values():
-        pool.close()
 
 
 class _Exploit:

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from accel_state.imports import is_deepspeed_available
-from accel_state.testing import DistributedPool, reset_shared_state
+from accel_state.testing import reset_shared_state
 
 pytestmark = [
     pytest.mark.slow,
@@ -28,20 +28,6 @@ pytestmark = [
 GLOBAL_BATCH = 8
 STEPS = 6
 SAVE_AT = 3
-
-
-@pytest.fixture(scope="module")
-def pools():
-    opened: dict[int, DistributedPool] = {}
-
-    def get(world: int) -> DistributedPool:
-        if world not in opened:
-            opened[world] = DistributedPool(world_size=world, timeout=600).start()
-        return opened[world]
-
-    yield get
-    for pool in opened.values():
-        pool.close()
 
 
 class _Samples(torch.utils.data.Dataset):
