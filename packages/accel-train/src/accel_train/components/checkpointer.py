@@ -216,7 +216,7 @@ class Checkpointer:
         io_ = strategy.checkpoint_io
         if not self.gradient_state.sync_gradients:  # type: ignore[attr-defined]
             # Mid-accumulation: the gradients gathered so far are part of the state (per process under DDP).
-            grads = io.accumulated_gradients([self.unwrap_model(m, keep_torch_compile=False) for m in models])  # type: ignore[attr-defined]
+            grads = strategy.accumulated_gradients(models)
             if grads:
                 io_.save_weights(grads, os.path.join(tmp, ckpt.grads_file(self.state.process_index)))
         self.state.wait_for_everyone()
@@ -309,6 +309,15 @@ class Checkpointer:
             manifest=manifest,
             layout=strategy.checkpoint_entries(),
         )
+        saved_processes = manifest.get("num_processes") if manifest else None
+        grads_files = [e for e in os.listdir(folder) if e.startswith(f"{ckpt.FILE_NAMES['grads']}_")]
+        if grads_files and saved_processes not in (None, self.state.num_processes):
+            raise ValueError(
+                f"checkpoint {folder} was saved between two optimizer steps of gradient accumulation by "
+                f"{saved_processes} processes ({grads_files[0]} ...): each process's gradients gathered so far are "
+                f"its own, so it resumes only on {saved_processes} processes, not {self.state.num_processes}. "
+                "Resume there, or save after the optimizer step of a sync step (accelerator.sync_gradients)"
+            )
         map_location = load_model_func_kwargs.pop("map_location", None)
         device = ckpt.torch_device(map_location, self.state.device)
         ckpt.read_objects(
@@ -323,8 +332,7 @@ class Checkpointer:
             distributed=True,
         )
         grads_path = os.path.join(folder, ckpt.grads_file(self.state.process_index))
-        targets = [self.unwrap_model(m, keep_torch_compile=False) for m in models]  # type: ignore[attr-defined]
-        io.restore_gradients(targets, io_.load_weights(grads_path, device) if os.path.isfile(grads_path) else None)
+        strategy.restore_gradients(models, io_.load_weights(grads_path, device) if os.path.isfile(grads_path) else None)
         if manifest is not None and isinstance(manifest.get("step"), int):
             self.step = manifest["step"]
         logger.info("loaded state from %s", folder)
