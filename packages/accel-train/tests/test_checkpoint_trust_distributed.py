@@ -421,18 +421,22 @@ def rank_fsdp2_case(backend: str, case: str, folder: str) -> dict:
     ``case``: ``mixed_dtypes`` (a bf16 model with an fp32 norm, no mixed precision), ``upcast`` (a model
     loaded in bf16 trained with ``mixed_precision="bf16"``), ``mid_accumulation`` (two micro-steps per
     optimizer step, so the save falls inside a cycle, and a scheduler). ``backend``: ``ddp``, ``fsdp2``, or
-    ``fsdp2_fp32`` / ``ddp`` for ``upcast`` meaning the model was upcast by hand before ``prepare``.
+    ``fsdp2_fp32`` / ``ddp`` for ``upcast`` meaning the model was upcast by hand before ``prepare``, or ``nd``
+    (the ND strategy with ``dp_shard_size=2``).
     """
     import warnings
 
     reset_shared_state()
     from accel_train import Accelerator, FullyShardedDataParallelPlugin
+    from accel_train.parallelism_config import ParallelismConfig
 
     plugin = None
-    if backend.startswith("fsdp2"):
+    if backend.startswith("fsdp2") or backend == "nd":
         plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="SHARDED_STATE_DICT")
+    sizes = ParallelismConfig(dp_shard_size=2) if backend == "nd" else None
     accelerator = Accelerator(
         fsdp_plugin=plugin,
+        parallelism_config=sizes,
         mixed_precision="bf16" if case == "upcast" else "no",
         gradient_accumulation_steps=2 if case == "mid_accumulation" else 1,
     )
@@ -539,16 +543,18 @@ def test_fsdp2_upcasts_a_bf16_model_under_mixed_precision(pools, tmp_path) -> No
 def test_fsdp2_resumes_mid_accumulation_with_a_scheduler_like_ddp(pools, tmp_path) -> None:
     """Saved after the first micro-step of an accumulation cycle (FSDP2 holds that micro-step's gradients
     unsharded per process): the resumed run finishes the cycle with them and equals the uninterrupted one,
-    and DDP; the scheduler's count carries over in both."""
+    and DDP, under the FSDP strategy and the ND strategy's FSDP2; the scheduler's count carries over."""
     ddp = pools(2).run(rank_fsdp2_case, "ddp", "mid_accumulation", str(tmp_path / "ddp"))
     fsdp = pools(2).run(rank_fsdp2_case, "fsdp2", "mid_accumulation", str(tmp_path / "fsdp"))
-    for result in (*ddp, *fsdp):
+    nd = pools(2).run(rank_fsdp2_case, "nd", "mid_accumulation", str(tmp_path / "nd"))
+    for result in (*ddp, *fsdp, *nd):
         assert result["synced_at_save"] is False  # the save fell inside a cycle
         assert "accumulated_grads_0.safetensors" in result["files"]
         _same(result["uninterrupted"], result["continued"], atol=1e-6)
     _same(ddp[0]["uninterrupted"], fsdp[0]["uninterrupted"], atol=1e-5)
+    _same(ddp[0]["uninterrupted"], nd[0]["uninterrupted"], atol=1e-5)
     # three optimizer steps; a prepared scheduler steps once per process at each (the documented default)
-    assert fsdp[0]["lr"] == ddp[0]["lr"] == [0.01 * 0.8**6]
+    assert fsdp[0]["lr"] == ddp[0]["lr"] == nd[0]["lr"] == [0.01 * 0.8**6]
 
 
 def rank_save_local_state(folder: str) -> None:
@@ -617,3 +623,44 @@ def test_what_cannot_resume_on_another_number_is_refused_by_name(pools, tmp_path
     assert plain["error"].startswith("CheckpointMismatchError") and "accel merge-weights" in plain["error"]
     assert "SHARDED_STATE_DICT" in plain["error"]
     assert local["unchanged"] and mid["unchanged"] and plain["unchanged"]
+
+
+def rank_run_checks(same_files: bool) -> dict:
+    """``run_checks`` over five checks whose fourth refuses, on every process; with ``same_files`` False the
+    processes' plans differ (as when each machine has its own copy of a folder that differs)."""
+    import torch.distributed as dist
+
+    from accel_state.errors import UnsafeCheckpointError
+    from accel_state.state import PartialState
+    from accel_train.checkpoint_safety import run_checks
+
+    reset_shared_state()
+    PartialState()  # the process group
+    rank = dist.get_rank()
+    ran: list[int] = []
+
+    def check(index: int) -> None:
+        ran.append(index)
+        if index == 3:
+            raise UnsafeCheckpointError(f"item{index}", "GLOBAL builtins.exec")
+
+    def plan() -> list:
+        labels = [f"item{i}" if same_files or i != 4 else f"item{i}@rank{rank}" for i in range(5)]
+        return [(label, lambda i=i: check(i)) for i, label in enumerate(labels)]
+
+    error = ""
+    try:
+        run_checks(plan, distributed=True)
+    except UnsafeCheckpointError as raised:
+        error = str(raised)
+    reset_shared_state()
+    return {"ran": ran, "error": error}
+
+
+def test_checks_are_shared_out_and_every_process_gets_the_verdict(pools) -> None:
+    shared = pools(2).run(rank_run_checks, True)
+    assert [r["ran"] for r in shared] == [[0, 1], [2, 3]]  # one slice each; process 0 never ran check 3
+    assert shared[0]["error"] == shared[1]["error"] and "item3" in shared[0]["error"]
+    apart = pools(2).run(rank_run_checks, False)  # the processes see different files: each checks all
+    assert [r["ran"] for r in apart] == [[0, 1, 2, 3], [2, 3, 0, 1]]
+    assert apart[0]["error"] == apart[1]["error"] and "item3" in apart[0]["error"]
