@@ -383,3 +383,270 @@ def test_fsdp2_tied_embeddings_and_loading_twice_equal_ddp(pools, tmp_path) -> N
     for name, value in ddp["uninterrupted"].items():
         torch.testing.assert_close(fsdp["uninterrupted"][name], value, atol=1e-5, rtol=0)
     assert fsdp["lr"] == ddp["lr"]
+
+
+class _NormNet(torch.nn.Module):
+    """A linear layer, a LayerNorm (kept in float32 in a bf16 model, as language models keep their norms)
+    and a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(4, 16)
+        self.norm = torch.nn.LayerNorm(16)
+        self.head = torch.nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = torch.tanh(self.inp(x))
+        hidden = self.norm(hidden.to(self.norm.weight.dtype)).to(hidden.dtype)
+        return self.head(hidden)
+
+
+def rank_fsdp2_case(backend: str, case: str, folder: str) -> dict:
+    """Six micro-steps; save after the third, go on (the uninterrupted run), load, do the last three again.
+
+    ``case``: ``mixed_dtypes`` (a bf16 model with an fp32 norm, no mixed precision), ``upcast`` (a model
+    loaded in bf16 trained with ``mixed_precision="bf16"``), ``mid_accumulation`` (two micro-steps per
+    optimizer step, so the save falls inside a cycle, and a scheduler). ``backend``: ``ddp``, ``fsdp2``, or
+    ``fsdp2_fp32`` / ``ddp`` for ``upcast`` meaning the model was upcast by hand before ``prepare``, or ``nd``
+    (the ND strategy with ``dp_shard_size=2``).
+    """
+    import warnings
+
+    reset_shared_state()
+    from accel_train import Accelerator, FullyShardedDataParallelPlugin
+    from accel_train.parallelism_config import ParallelismConfig
+
+    plugin = None
+    if backend.startswith("fsdp2") or backend == "nd":
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="SHARDED_STATE_DICT")
+    sizes = ParallelismConfig(dp_shard_size=2) if backend == "nd" else None
+    accelerator = Accelerator(
+        fsdp_plugin=plugin,
+        parallelism_config=sizes,
+        mixed_precision="bf16" if case == "upcast" else "no",
+        gradient_accumulation_steps=2 if case == "mid_accumulation" else 1,
+    )
+    torch.manual_seed(0)
+    model = _NormNet()
+    if case != "mid_accumulation":
+        model = model.to(torch.bfloat16)  # loaded in bf16
+    if case == "mixed_dtypes":
+        model.norm.float()
+    if case == "upcast" and backend != "fsdp2":
+        model.float()  # upcast by hand: what FSDP2 must do by itself
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    rank, world = accelerator.process_index, accelerator.num_processes
+    generator = torch.Generator().manual_seed(1)
+    batches = [torch.randn(4, 4, generator=generator) for _ in range(6)]
+    input_dtype = torch.bfloat16 if case == "mixed_dtypes" else torch.float32
+
+    def local(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+    def steps(chunk: list) -> None:
+        for x in chunk:
+            x = x[rank::world]
+            with accelerator.accumulate(model):
+                loss = (model(x.to(input_dtype)).float() - x.sum(dim=1, keepdim=True)).pow(2).mean()
+                accelerator.backward(loss)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+
+    def state() -> dict:
+        return {k: v.detach().float().cpu().clone() for k, v in accelerator.get_state_dict(model).items()}
+
+    def dtypes() -> dict:
+        return {name.replace("module.", ""): local(p).dtype for name, p in model.named_parameters()}
+
+    out = {"dtypes_prepared": dtypes(), "warnings": [str(w.message) for w in caught]}
+    out["moment_dtypes"] = sorted(
+        {str(v.dtype) for s in optimizer.optimizer.state.values() for k, v in s.items() if k == "exp_avg"}
+    )
+    steps(batches[:3])
+    out["synced_at_save"] = accelerator.sync_gradients
+    accelerator.save_state(folder)
+    steps(batches[3:])
+    out["uninterrupted"] = state()
+    out["moment_dtypes"] = sorted(
+        {str(v.dtype) for s in optimizer.optimizer.state.values() for k, v in s.items() if k == "exp_avg"}
+    )
+    accelerator.load_state(folder)
+    out["dtypes_loaded"] = dtypes()
+    steps(batches[3:])
+    out["continued"] = state()
+    out["lr"] = scheduler.get_last_lr()
+    out["files"] = sorted(os.listdir(folder))
+    reset_shared_state()
+    return out
+
+
+def _same(a: dict, b: dict, atol: float) -> None:
+    assert a.keys() == b.keys()
+    for name, value in a.items():
+        torch.testing.assert_close(b[name], value, atol=atol, rtol=0, msg=lambda m: f"{name}: {m}")
+
+
+def test_fsdp2_mixed_parameter_dtypes_equal_ddp(pools, tmp_path) -> None:
+    """fp32 norms in a bf16 model (no mixed precision): FSDP2 shards the norm as a unit of its own (a unit
+    has one dtype), keeps every dtype through save and load, and trains like DDP."""
+    ddp = pools(2).run(rank_fsdp2_case, "ddp", "mixed_dtypes", str(tmp_path / "ddp"))[0]
+    fsdp = pools(2).run(rank_fsdp2_case, "fsdp2", "mixed_dtypes", str(tmp_path / "fsdp"))[0]
+    expected = {"inp.weight": torch.bfloat16, "inp.bias": torch.bfloat16, "norm.weight": torch.float32}
+    for result in (ddp, fsdp):
+        for when in ("dtypes_prepared", "dtypes_loaded"):
+            assert {k: result[when][k] for k in expected} == expected, (when, result[when])
+        _same(result["uninterrupted"], result["continued"], atol=0)
+    _same(ddp["uninterrupted"], fsdp["uninterrupted"], atol=1e-2)  # bf16 weights: reductions round alike
+
+
+def test_fsdp2_upcasts_a_bf16_model_under_mixed_precision(pools, tmp_path) -> None:
+    """A model loaded in bf16 trained with mixed_precision="bf16": FSDP2 keeps float32 weights and optimizer
+    state (as documented, with a warning), so it trains exactly as the same model upcast by hand, and like DDP
+    of the upcast model; checkpoints hold float32."""
+    from accel_train.checkpoint_safety import read_dcp_metadata
+
+    fsdp = pools(2).run(rank_fsdp2_case, "fsdp2", "upcast", str(tmp_path / "fsdp"))[0]
+    by_hand = pools(2).run(rank_fsdp2_case, "fsdp2_fp32", "upcast", str(tmp_path / "by_hand"))[0]
+    ddp = pools(2).run(rank_fsdp2_case, "ddp", "upcast", str(tmp_path / "ddp"))[0]
+    assert set(fsdp["dtypes_prepared"].values()) == {torch.float32}
+    assert set(fsdp["dtypes_loaded"].values()) == {torch.float32}
+    assert fsdp["moment_dtypes"] == ["torch.float32"]
+    assert any("upcast" in w and "float32" in w for w in fsdp["warnings"]), fsdp["warnings"]
+    assert not any("upcast" in w for w in by_hand["warnings"])  # nothing to upcast
+    _same(by_hand["uninterrupted"], fsdp["uninterrupted"], atol=0)
+    _same(fsdp["uninterrupted"], fsdp["continued"], atol=0)
+    _same(ddp["uninterrupted"], fsdp["uninterrupted"], atol=2e-2)  # bf16 compute: autocast vs FSDP's casts
+    metadata = read_dcp_metadata(str(tmp_path / "fsdp" / "pytorch_model_fsdp_0" / ".metadata"))
+    saved = {item.properties.dtype for item in metadata.state_dict_metadata.values() if hasattr(item, "properties")}
+    assert saved == {torch.float32}
+
+
+def test_fsdp2_resumes_mid_accumulation_with_a_scheduler_like_ddp(pools, tmp_path) -> None:
+    """Saved after the first micro-step of an accumulation cycle (FSDP2 holds that micro-step's gradients
+    unsharded per process): the resumed run finishes the cycle with them and equals the uninterrupted one,
+    and DDP, under the FSDP strategy and the ND strategy's FSDP2; the scheduler's count carries over."""
+    ddp = pools(2).run(rank_fsdp2_case, "ddp", "mid_accumulation", str(tmp_path / "ddp"))
+    fsdp = pools(2).run(rank_fsdp2_case, "fsdp2", "mid_accumulation", str(tmp_path / "fsdp"))
+    nd = pools(2).run(rank_fsdp2_case, "nd", "mid_accumulation", str(tmp_path / "nd"))
+    for result in (*ddp, *fsdp, *nd):
+        assert result["synced_at_save"] is False  # the save fell inside a cycle
+        assert "accumulated_grads_0.safetensors" in result["files"]
+        _same(result["uninterrupted"], result["continued"], atol=1e-6)
+    _same(ddp[0]["uninterrupted"], fsdp[0]["uninterrupted"], atol=1e-5)
+    _same(ddp[0]["uninterrupted"], nd[0]["uninterrupted"], atol=1e-5)
+    # three optimizer steps; a prepared scheduler steps once per process at each (the documented default)
+    assert fsdp[0]["lr"] == ddp[0]["lr"] == nd[0]["lr"] == [0.01 * 0.8**6]
+
+
+def rank_save_local_state(folder: str) -> None:
+    reset_shared_state()
+    from accel_train import Accelerator, FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=1, state_dict_type="LOCAL_STATE_DICT", auto_wrap_policy="TRANSFORMER_BASED_WRAP"
+    )
+    accelerator = Accelerator(fsdp_plugin=plugin)
+    model = accelerator.prepare(BlockNet())
+    accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=0.01))
+    accelerator.save_state(folder)
+    reset_shared_state()
+
+
+def rank_refused_load(kind: str, folder: str) -> dict:
+    """Load, on this number of processes, a checkpoint that cannot be read here: the error, and whether the
+    model changed (it must not: the refusal comes before anything loads)."""
+    reset_shared_state()
+    from accel_train import Accelerator, FullyShardedDataParallelPlugin
+
+    if kind == "sharded_without_fsdp":  # written here by FSDP2, read by a run without FSDP
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="SHARDED_STATE_DICT")
+        writer = Accelerator(fsdp_plugin=plugin)
+        writer.prepare(BlockNet())
+        writer.save_state(folder)
+        reset_shared_state()
+    plugin = None
+    if kind == "local_state":
+        plugin = FullyShardedDataParallelPlugin(
+            fsdp_version=1, state_dict_type="LOCAL_STATE_DICT", auto_wrap_policy="TRANSFORMER_BASED_WRAP"
+        )
+    accelerator = Accelerator(fsdp_plugin=plugin, gradient_accumulation_steps=2 if kind == "mid_accumulation" else 1)
+    torch.manual_seed(7)
+    model = _NormNet() if kind == "mid_accumulation" else BlockNet()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    if kind == "mid_accumulation":
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.8)
+        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    else:
+        model, optimizer = accelerator.prepare(model, optimizer)
+    before = {k: v.detach().clone() for k, v in accelerator.get_state_dict(model).items()}
+    error = ""
+    try:
+        accelerator.load_state(folder)
+    except Exception as raised:
+        error = f"{type(raised).__name__}: {raised}"
+    after = accelerator.get_state_dict(model)
+    unchanged = all(torch.equal(before[k], after[k]) for k in before)
+    reset_shared_state()
+    return {"error": error, "unchanged": unchanged}
+
+
+def test_what_cannot_resume_on_another_number_is_refused_by_name(pools, tmp_path) -> None:
+    """Each refused before anything loads: FSDP1 LOCAL_STATE_DICT (per process by design) and a save between
+    two accumulation micro-steps (each process's gradients so far) on another number of processes, and a
+    sharded checkpoint read by a run without FSDP (what to do instead is said)."""
+    pools(2).run(rank_save_local_state, str(tmp_path / "local"))
+    pools(2).run(rank_fsdp2_case, "ddp", "mid_accumulation", str(tmp_path / "mid"))
+    local = pools(1).run(rank_refused_load, "local_state", str(tmp_path / "local"))[0]
+    mid = pools(1).run(rank_refused_load, "mid_accumulation", str(tmp_path / "mid"))[0]
+    plain = pools(1).run(rank_refused_load, "sharded_without_fsdp", str(tmp_path / "sharded"))[0]
+    assert local["error"].startswith("ValueError") and "LOCAL_STATE_DICT checkpoint of 2 processes" in local["error"]
+    assert mid["error"].startswith("ValueError") and "resumes only on 2 processes, not 1" in mid["error"]
+    assert plain["error"].startswith("CheckpointMismatchError") and "accel merge-weights" in plain["error"]
+    assert "SHARDED_STATE_DICT" in plain["error"]
+    assert local["unchanged"] and mid["unchanged"] and plain["unchanged"]
+
+
+def rank_run_checks(same_files: bool) -> dict:
+    """``run_checks`` over five checks whose fourth refuses, on every process; with ``same_files`` False the
+    processes' plans differ (as when each machine has its own copy of a folder that differs)."""
+    import torch.distributed as dist
+
+    from accel_state.errors import UnsafeCheckpointError
+    from accel_state.state import PartialState
+    from accel_train.checkpoint_safety import run_checks
+
+    reset_shared_state()
+    PartialState()  # the process group
+    rank = dist.get_rank()
+    ran: list[int] = []
+
+    def check(index: int) -> None:
+        ran.append(index)
+        if index == 3:
+            raise UnsafeCheckpointError(f"item{index}", "GLOBAL builtins.exec")
+
+    def plan() -> list:
+        labels = [f"item{i}" if same_files or i != 4 else f"item{i}@rank{rank}" for i in range(5)]
+        return [(label, lambda i=i: check(i)) for i, label in enumerate(labels)]
+
+    error = ""
+    try:
+        run_checks(plan, distributed=True)
+    except UnsafeCheckpointError as raised:
+        error = str(raised)
+    reset_shared_state()
+    return {"ran": ran, "error": error}
+
+
+def test_checks_are_shared_out_and_every_process_gets_the_verdict(pools) -> None:
+    shared = pools(2).run(rank_run_checks, True)
+    assert [r["ran"] for r in shared] == [[0, 1], [2, 3]]  # one slice each; process 0 never ran check 3
+    assert shared[0]["error"] == shared[1]["error"] and "item3" in shared[0]["error"]
+    apart = pools(2).run(rank_run_checks, False)  # the processes see different files: each checks all
+    assert [r["ran"] for r in apart] == [[0, 1, 2, 3], [2, 3, 0, 1]]
+    assert apart[0]["error"] == apart[1]["error"] and "item3" in apart[0]["error"]

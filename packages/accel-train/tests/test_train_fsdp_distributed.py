@@ -121,7 +121,7 @@ def rank_ram_efficient(version: int) -> dict:
 
 
 def rank_save_mid_accumulation(folder: str) -> str:
-    accelerator = _fresh({"fsdp_version": 2}, gradient_accumulation_steps=2)
+    accelerator = _fresh({"fsdp_version": 1}, gradient_accumulation_steps=2)  # FSDP2 saves it (see the trust tests)
     model = BlockNet()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -425,5 +425,7 @@ def test_local_state_dict_checkpoint(dist_pool: DistributedPool, tmp_path) -> No
 
 def test_save_between_accumulation_steps_is_refused(dist_pool: DistributedPool, tmp_path) -> None:
     messages = dist_pool.run(rank_save_mid_accumulation, str(tmp_path / "ckpt"))
-    assert all("between two optimizer steps of gradient accumulation" in m for m in messages)
+    assert all(
+        "between two optimizer steps of gradient accumulation is not supported with FSDP1" in m for m in messages
+    )
     assert not (tmp_path / "ckpt").exists()

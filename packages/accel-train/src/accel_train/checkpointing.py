@@ -328,6 +328,13 @@ def check_contents(
         if extra:
             lines.append("  extra: " + "; ".join(extra))
         lines.append("  Prepare the same models, optimizers, schedulers and registered objects as when it was saved.")
+        if not models and _indices(entries, SHARDED_MODEL_PATTERN):
+            lines.append(
+                f"  It holds sharded state ({FILE_NAMES['sharded_model']}_0/, written by FSDP or the ND strategy), "
+                "which this run does not read: load it with FullyShardedDataParallelPlugin(fsdp_version=2, "
+                'state_dict_type="SHARDED_STATE_DICT") on any number of processes, or merge the weights into one '
+                "file with `accel merge-weights`."
+            )
         raise CheckpointMismatchError("\n".join(lines))
     return [models[i] for i in range(num_models)]
 

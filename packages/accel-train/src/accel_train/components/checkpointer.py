@@ -239,9 +239,11 @@ class Checkpointer:
         if writer:
             manifest.update(written)
         io_ = strategy.checkpoint_io
-        grads = self._accumulated_gradients()
-        if grads:
-            io_.save_weights(grads, os.path.join(tmp, ckpt.grads_file(self.state.process_index)))
+        if not self.gradient_state.sync_gradients:  # type: ignore[attr-defined]
+            # Mid-accumulation: the gradients gathered so far are part of the state (per process under DDP).
+            grads = strategy.accumulated_gradients(models)
+            if grads:
+                io_.save_weights(grads, os.path.join(tmp, ckpt.grads_file(self.state.process_index)))
         if not alone:
             self.state.wait_for_everyone()
         if writer:
@@ -274,13 +276,6 @@ class Checkpointer:
             and not self.project_configuration.automatic_checkpoint_naming
         )
 
-    def _accumulated_gradients(self) -> dict[str, torch.Tensor] | None:
-        """Mid-accumulation, the gradients gathered so far (part of the state, per process under DDP)."""
-        if self.gradient_state.sync_gradients:  # type: ignore[attr-defined]
-            return None
-        targets = [self.unwrap_model(m, keep_torch_compile=False) for m in self._models]  # type: ignore[attr-defined]
-        return io.accumulated_gradients(targets) or None
-
     def _save_key(self, output_dir: str) -> str:
         """The store key announcing this process's next save into ``output_dir`` (per writer and count)."""
         counts: dict[str, int] = self.__dict__.setdefault("_saves_alone_counts", {})
@@ -311,7 +306,7 @@ class Checkpointer:
         rng_path = os.path.join(output_dir, ckpt.rng_file(rank))
         io_.save_rng(f"{rng_path}.partial")
         os.replace(f"{rng_path}.partial", rng_path)
-        grads = self._accumulated_gradients()
+        grads = None if self.gradient_state.sync_gradients else self._strategy.accumulated_gradients(models)  # type: ignore[attr-defined]
         if grads:
             grads_path = os.path.join(output_dir, ckpt.grads_file(rank))
             io_.save_weights(grads, f"{grads_path}.partial")
@@ -395,6 +390,15 @@ class Checkpointer:
             manifest=manifest,
             layout=strategy.checkpoint_entries(),
         )
+        saved_processes = manifest.get("num_processes") if manifest else None
+        grads_files = [e for e in os.listdir(folder) if e.startswith(f"{ckpt.FILE_NAMES['grads']}_")]
+        if grads_files and saved_processes not in (None, self.state.num_processes):
+            raise ValueError(
+                f"checkpoint {folder} was saved between two optimizer steps of gradient accumulation by "
+                f"{saved_processes} processes ({grads_files[0]} ...): each process's gradients gathered so far are "
+                f"its own, so it resumes only on {saved_processes} processes, not {self.state.num_processes}. "
+                "Resume there, or save after the optimizer step of a sync step (accelerator.sync_gradients)"
+            )
         map_location = load_model_func_kwargs.pop("map_location", None)
         device = ckpt.torch_device(map_location, self.state.device)
         ckpt.read_objects(
@@ -409,8 +413,7 @@ class Checkpointer:
             distributed=True,
         )
         grads_path = os.path.join(folder, ckpt.grads_file(self.state.process_index))
-        targets = [self.unwrap_model(m, keep_torch_compile=False) for m in models]  # type: ignore[attr-defined]
-        io.restore_gradients(targets, io_.load_weights(grads_path, device) if os.path.isfile(grads_path) else None)
+        strategy.restore_gradients(models, io_.load_weights(grads_path, device) if os.path.isfile(grads_path) else None)
         if manifest is not None and isinstance(manifest.get("step"), int):
             self.step = manifest["step"]
         logger.info("loaded state from %s", folder)

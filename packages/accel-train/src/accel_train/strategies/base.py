@@ -427,6 +427,28 @@ class Strategy:
     def load_optimizer_state_dict(self, optimizer: Any, state_dict: dict[str, Any]) -> None:
         optimizer.load_state_dict(state_dict)
 
+    def accumulated_gradients(self, models: Sequence[torch.nn.Module]) -> dict[str, torch.Tensor]:
+        """The gradients gathered so far between two optimizer steps, keyed ``"<model index>.<name>"``: this
+        process's own (under data parallelism each process holds its part until the step reduces them).
+
+        Args:
+            models: the prepared models, in order.
+        """
+        from accel_train.checkpoint_io import accumulated_gradients
+
+        return accumulated_gradients([self.unwrap_model(m, keep_torch_compile=False) for m in models])
+
+    def restore_gradients(self, models: Sequence[torch.nn.Module], grads: dict[str, torch.Tensor] | None) -> None:
+        """Put back what :meth:`accumulated_gradients` returned (``None``: no gradient, as after ``zero_grad``).
+
+        Args:
+            models: the prepared models, in order.
+            grads: the saved gradients, or ``None``.
+        """
+        from accel_train.checkpoint_io import restore_gradients
+
+        restore_gradients([self.unwrap_model(m, keep_torch_compile=False) for m in models], grads)
+
     # -- checkpoint entries (save_state / load_state) -------------------------------------------------
 
     def checkpoint_entries(self) -> dict[str, CheckpointEntry]:

@@ -40,8 +40,12 @@ __all__ = [
     "gradient_sync",
     "offload_wanted",
     "repeated_blocks",
+    "restore_unsharded_gradients",
     "shard_model",
     "shard_units",
+    "unsharded_gradients",
+    "units_of_one_dtype",
+    "upcast_to_float32",
 ]
 
 logger = logging.getLogger(__name__)
@@ -148,6 +152,9 @@ def shard_model(
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     units = list(units) if units is not None else shard_units(model, plugin)
+    if dtypes[0] is not None:  # mixed precision: fp32 weights, low-precision compute
+        upcast_to_float32(model)
+    units = units_of_one_dtype(model, units)
     policy = getattr(plugin, "cpu_offload", None)
     if not isinstance(policy, OffloadPolicy) or (isinstance(policy, CPUOffloadPolicy) and not offload):
         policy = CPUOffloadPolicy() if offload else OffloadPolicy()
@@ -169,6 +176,143 @@ def shard_model(
         for current, following in itertools.pairwise(units):
             current.set_modules_to_forward_prefetch([following])  # type: ignore[operator]
     return model
+
+
+def upcast_to_float32(model: torch.nn.Module) -> list[str]:
+    """Turn the low-precision floating-point parameters of ``model`` into float32, in place, and warn once
+    naming them; returns their names.
+
+    With mixed precision FSDP2 all-gathers the weights in the low precision and computes there, while the
+    sharded weights, their gradients after reduction and the optimizer state stay float32 (as DeepSpeed
+    keeps fp32 master weights). A model loaded in bf16 would otherwise keep bf16 master weights and lose
+    every update smaller than bf16 resolves. Every parameter is looked at (not only the first: a model
+    whose first parameter is an fp32 norm is upcast too).
+
+    Args:
+        model: the model, before ``fully_shard``.
+    """
+    upcast = []
+    for name, param in model.named_parameters():
+        if param.is_floating_point() and param.dtype != torch.float32:
+            param.data = param.data.to(torch.float32)
+            upcast.append(name)
+    if upcast:
+        import warnings
+
+        shown = ", ".join(upcast[:8]) + (f" and {len(upcast) - 8} more" if len(upcast) > 8 else "")
+        warnings.warn(
+            f"FSDP with mixed precision keeps float32 weights: upcast {len(upcast)} low-precision parameter(s) "
+            f"({shown}) to float32; compute stays in the mixed-precision dtype, and checkpoints hold float32",
+            UserWarning,
+            stacklevel=3,
+        )
+    return upcast
+
+
+def units_of_one_dtype(model: torch.nn.Module, units: Sequence[torch.nn.Module]) -> list[torch.nn.Module]:
+    """``units`` plus, where a unit (or the root) would group parameters of several dtypes (fp32 norms in a
+    bf16 model), each module holding parameters of a dtype other than the unit's main one: FSDP2 shards a
+    unit's parameters as one flat buffer of one dtype. Returned children first.
+
+    Args:
+        model: the root module.
+        units: the units chosen by the wrap policy, children first.
+
+    Raises:
+        ValueError: one module holds parameters of several dtypes itself (it cannot be split further).
+    """
+    roots = [*units, model]
+    unit_ids = {id(unit) for unit in roots}
+    extra: list[torch.nn.Module] = []
+    for root in roots:
+        owners: list[tuple[torch.nn.Module, str]] = []
+        todo = [(root, "")]
+        while todo:
+            module, prefix = todo.pop()
+            for child_name, child in module.named_children():
+                if id(child) not in unit_ids:
+                    todo.append((child, f"{prefix}{child_name}."))
+            owners.append((module, prefix.rstrip(".") or type(module).__name__))
+        sizes: dict[torch.dtype, int] = {}
+        for module, _ in owners:
+            for param in module.parameters(recurse=False):
+                sizes[param.dtype] = sizes.get(param.dtype, 0) + param.numel()
+        if len(sizes) < 2:
+            continue
+        main = max(sizes, key=lambda dtype: sizes[dtype])
+        for module, name in owners:
+            own = {param.dtype for param in module.parameters(recurse=False)}
+            if len(own) > 1:
+                raise ValueError(
+                    f"FSDP2 needs one dtype per sharded unit, and module {name} ({type(module).__name__}) holds "
+                    f"parameters of {sorted(str(d) for d in own)} itself; cast them to one dtype, or train with "
+                    "mixed precision (the weights are then kept in float32)"
+                )
+            if own and own != {main} and module is not root:
+                extra.append(module)
+    if not extra:
+        return list(units)
+    depth = {id(module): name.count(".") + 1 if name else 0 for name, module in model.named_modules()}
+    return sorted([*extra, *units], key=lambda module: -depth.get(id(module), 0))
+
+
+def _fsdp2_parameters(models: Sequence[torch.nn.Module]) -> Iterator[tuple[str, Any]]:
+    """``("<model index>.<parameter name>", FSDPParam)`` of every parameter FSDP2 manages in ``models``."""
+    for index, model in enumerate(models):
+        names = {id(param): name for name, param in model.named_parameters()}
+        seen: set[int] = set()
+        for module in model.modules():
+            get_state = getattr(module, "_get_fsdp_state", None)
+            group = getattr(get_state(), "_fsdp_param_group", None) if callable(get_state) else None
+            for fsdp_param in getattr(group, "fsdp_params", None) or ():
+                if id(fsdp_param) not in seen:
+                    seen.add(id(fsdp_param))
+                    yield f"{index}.{names.get(id(fsdp_param.sharded_param), fsdp_param._param_fqn)}", fsdp_param
+
+
+def unsharded_gradients(models: Sequence[torch.nn.Module]) -> dict[str, torch.Tensor]:
+    """The gradients FSDP2 holds between two optimizer steps of gradient accumulation: while gradient
+    sync is off they stay unsharded on each process (its own micro-batches' sum), outside ``param.grad``.
+
+    Args:
+        models: the sharded models, in order.
+
+    Raises:
+        ValueError: a gradient is itself a DTensor (tensor parallelism): it cannot be saved per process.
+    """
+    grads: dict[str, torch.Tensor] = {}
+    for key, fsdp_param in _fsdp2_parameters(models):
+        grad = fsdp_param.unsharded_accumulated_grad
+        if grad is None and hasattr(fsdp_param, "_unsharded_param"):
+            grad = fsdp_param._unsharded_param.grad
+        if grad is None:
+            continue
+        if hasattr(grad, "to_local"):
+            raise ValueError(
+                f"save_state between two optimizer steps of gradient accumulation is not supported with tensor "
+                f"parallelism (the gradient gathered so far of {key.split('.', 1)[1]} is split over the tp "
+                "dimension); call it after the optimizer step of a sync step (accelerator.sync_gradients is True)"
+            )
+        grads[key] = grad.detach()
+    return grads
+
+
+def restore_unsharded_gradients(models: Sequence[torch.nn.Module], grads: dict[str, torch.Tensor] | None) -> None:
+    """Put back what :func:`unsharded_gradients` returned, where FSDP2 adds the next micro-batches'
+    gradients and reduce-scatters the sum at the next sync step (``None``: no gradient).
+
+    Args:
+        models: the sharded models, in order.
+        grads: the saved gradients, or ``None``.
+    """
+    for key, fsdp_param in _fsdp2_parameters(models):
+        saved = None if grads is None else grads.get(key)
+        if hasattr(fsdp_param, "_unsharded_param"):
+            fsdp_param._unsharded_param.grad = None
+        if saved is not None:
+            dtype = fsdp_param.reduce_dtype or fsdp_param.orig_dtype
+            saved = saved.to(device=fsdp_param.sharded_param.device, dtype=dtype).clone()
+        fsdp_param.unsharded_accumulated_grad = saved
 
 
 @contextlib.contextmanager

@@ -228,7 +228,10 @@ def load_sharded_model(
     """
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-    if local and _is_fsdp1(model):
+    written_local = not os.path.isfile(os.path.join(checkpoint_dir, ".metadata")) and any(
+        name.startswith("rank") and name.endswith(".safetensors") for name in os.listdir(checkpoint_dir)
+    )
+    if (local and _is_fsdp1(model)) or written_local:  # a LOCAL_STATE_DICT folder names its number of processes
         _load_local(model, checkpoint_dir)
         return
     if not os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):

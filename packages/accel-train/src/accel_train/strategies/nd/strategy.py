@@ -265,6 +265,17 @@ class NDParallelStrategy(Strategy):
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_optimizer_state_dict(self._model_of(optimizer), inner, options=options)
 
+    def accumulated_gradients(self, models: Sequence[torch.nn.Module]) -> dict[str, torch.Tensor]:
+        sharded = fsdp2.unsharded_gradients([self.unwrap_model(m, keep_torch_compile=False) for m in models])
+        return {**super().accumulated_gradients(models), **sharded}
+
+    def restore_gradients(self, models: Sequence[torch.nn.Module], grads: dict[str, torch.Tensor] | None) -> None:
+        targets = [self.unwrap_model(m, keep_torch_compile=False) for m in models]
+        if self.config.fsdp_dim_names:
+            fsdp2.restore_unsharded_gradients(targets, grads)
+        else:
+            super().restore_gradients(models, grads)
+
     def checkpoint_entries(self) -> dict[str, CheckpointEntry]:
         from accel_train import checkpointing as ckpt
 
