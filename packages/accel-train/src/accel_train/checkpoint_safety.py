@@ -328,7 +328,7 @@ def _check_pickle(pickled: bytes, path: str) -> bool:
     except ImportError:
         return False
     unpickler = restricted.Unpickler(io.BytesIO(pickled), encoding="utf-8")
-    unpickler.persistent_load = _meta_storages()
+    unpickler.persistent_load = _meta_storages()  # type: ignore[method-assign]
     try:
         unpickler.load()
     except Exception as error:
@@ -576,10 +576,10 @@ def run_checks(plan: Callable[[], Sequence[Check]], distributed: bool = False) -
     failures = [(entry[1][0], process, entry[1][1]) for process, entry in enumerate(found) if entry[1] is not None]
     if not failures:
         return
-    index, process, error = min(failures, key=lambda item: (item[0], item[1]))
+    index, process, first_failure = min(failures, key=lambda item: (item[0], item[1]))
     if failure is not None and failure[0] == index and process == rank:
         raise failure[1]
-    raise error
+    raise first_failure
 
 
 def _share_failure(failure: tuple[int, BaseException] | None) -> tuple[int, BaseException] | None:
