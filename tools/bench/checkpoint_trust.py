@@ -17,6 +17,7 @@ The reference ``accelerate`` is not measured: it does not check these files (its
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -87,6 +88,7 @@ def worker(mode: str, folder: str, width: int, repeat: int) -> None:
         timings: dict[str, list[float]] = {"accel": [], "by_hand": [], "accel_cpu": [], "by_hand_cpu": []}
         for _ in range(repeat):
             for label in ("by_hand", "accel"):  # alternate, so both see the same page cache
+                gc.collect()  # neither pays for the other's garbage
                 dist.barrier()
                 start, cpu = time.perf_counter(), time.process_time()
                 if label == "accel":

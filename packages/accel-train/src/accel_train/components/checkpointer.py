@@ -239,11 +239,9 @@ class Checkpointer:
         if writer:
             manifest.update(written)
         io_ = strategy.checkpoint_io
-        if not self.gradient_state.sync_gradients:  # type: ignore[attr-defined]
-            # Mid-accumulation: the gradients gathered so far are part of the state (per process under DDP).
-            grads = strategy.accumulated_gradients(models)
-            if grads:
-                io_.save_weights(grads, os.path.join(tmp, ckpt.grads_file(self.state.process_index)))
+        grads = self._accumulated_gradients()
+        if grads:
+            io_.save_weights(grads, os.path.join(tmp, ckpt.grads_file(self.state.process_index)))
         if not alone:
             self.state.wait_for_everyone()
         if writer:
@@ -276,6 +274,12 @@ class Checkpointer:
             and not self.project_configuration.automatic_checkpoint_naming
         )
 
+    def _accumulated_gradients(self) -> dict[str, torch.Tensor] | None:
+        """Mid-accumulation, the gradients gathered so far (part of the state, per process under DDP)."""
+        if self.gradient_state.sync_gradients:  # type: ignore[attr-defined]
+            return None
+        return self._strategy.accumulated_gradients(list(self._models)) or None
+
     def _save_key(self, output_dir: str) -> str:
         """The store key announcing this process's next save into ``output_dir`` (per writer and count)."""
         counts: dict[str, int] = self.__dict__.setdefault("_saves_alone_counts", {})
@@ -306,7 +310,7 @@ class Checkpointer:
         rng_path = os.path.join(output_dir, ckpt.rng_file(rank))
         io_.save_rng(f"{rng_path}.partial")
         os.replace(f"{rng_path}.partial", rng_path)
-        grads = None if self.gradient_state.sync_gradients else self._strategy.accumulated_gradients(models)  # type: ignore[attr-defined]
+        grads = self._accumulated_gradients()
         if grads:
             grads_path = os.path.join(output_dir, ckpt.grads_file(rank))
             io_.save_weights(grads, f"{grads_path}.partial")

@@ -411,12 +411,12 @@ class FSDPStrategy(Strategy):
         fsdp_state.load_full_optimizer_state_dict(self._model_of(optimizer), _inner_optimizer(optimizer), state_dict)
 
     def accumulated_gradients(self, models: Sequence[torch.nn.Module]) -> dict[str, torch.Tensor]:
-        if self.fsdp_version == 2 and self._distributed():
+        if any(_is_fsdp2(m) for m in self._models):
             return fsdp2.unsharded_gradients([_inner(m) for m in models])
         return super().accumulated_gradients(models)
 
     def restore_gradients(self, models: Sequence[torch.nn.Module], grads: dict[str, torch.Tensor] | None) -> None:
-        if self.fsdp_version == 2 and self._distributed():
+        if any(_is_fsdp2(m) for m in self._models):
             fsdp2.restore_unsharded_gradients([_inner(m) for m in models], grads)
             return
         super().restore_gradients(models, grads)
@@ -445,9 +445,8 @@ class FSDPStrategy(Strategy):
         from accel_state.state import GradientState
 
         if any(_is_fsdp1(m) for m in self._models) and not GradientState().sync_gradients:
-            # FSDP1 keeps the gradients of skipped syncs inside its flat parameters' buffers (at any number
-            # of processes): they cannot be written and put back per parameter, so a resume from here would
-            # not be exact (FSDP2 can).
+            # FSDP1 keeps the gradients of skipped syncs inside its flat parameters' buffers: they cannot be
+            # written and put back per parameter, so a resume from here would not be exact (FSDP2 can).
             raise ValueError(
                 "save_state between two optimizer steps of gradient accumulation is not supported with FSDP1 "
                 "(the gradients gathered so far live in FSDP's unsharded buffers); call it after the "
