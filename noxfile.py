@@ -148,7 +148,10 @@ def tests(session: nox.Session, package: str) -> None:
     """One distribution alone: a fresh venv with it, its in-repo dependencies and its test extra."""
     needed = _closure(package)
     _install_local(session, *needed, extras={package: "test"})
-    _pytest(session, f"tests-{package}", str(DISTS[package]["path"] / "tests"))
+    # accel-train's suite is mostly waiting on spawned gloo processes: two workers (a test file each,
+    # so module-scoped process pools stay in one worker) keep both cores busy
+    parallel = ["-n", "2", "--dist", "loadfile"] if package == "accel-train" else []
+    _pytest(session, f"tests-{package}", *parallel, str(DISTS[package]["path"] / "tests"))
 
 
 @nox.session(tags=["ci"])
