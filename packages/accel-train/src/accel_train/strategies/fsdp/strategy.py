@@ -453,7 +453,7 @@ class FSDPStrategy(Strategy):
                 "optimizer step of a sync step (when accelerator.sync_gradients is True), or use fsdp_version=2"
             )
         if (
-            not self.state.num_processes > 1
+            self.state.num_processes == 1
             and not GradientState().sync_gradients
             and any(_is_fsdp2(m) for m in self._models)
         ):
