@@ -104,3 +104,13 @@ def test_utils_dataclasses_gathers_names_from_their_owners() -> None:
     assert len(dc.__all__) >= 10
     for name in dc.__all__:
         assert getattr(dc, name).__name__ == name
+
+
+def test_the_sequence_parallel_config_is_where_the_documented_system_has_it() -> None:
+    import accel.parallelism_config
+    import accel.utils
+    import accel.utils.dataclasses
+    from accel_train.strategies.deepspeed.sequence_parallel import DeepSpeedSequenceParallelConfig
+
+    for place in (accel.utils, accel.utils.dataclasses, accel.parallelism_config):
+        assert place.DeepSpeedSequenceParallelConfig is DeepSpeedSequenceParallelConfig, place
