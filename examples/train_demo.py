@@ -110,7 +110,7 @@ def train_epoch(accelerator, model, optimizer, loader, scheduler, epoch, args, s
     """One epoch (or until ``stop_after`` batches); returns the mean loss of the batches seen."""
     resumed = (state or {}).get("resumed_batches", 0)
     bar = progress(accelerator, len(loader), f"epoch {epoch + 1}/{args.epochs}", initial=resumed)
-    if resumed:  # after load_state the epoch replays from its start: skip the batches already trained on
+    if resumed:  # after load_state the loader starts its epoch from the first batch: skip those already trained on
         loader = accelerator.skip_first_batches(loader, resumed)
     losses = []
     for batch_index, (points, labels) in enumerate(loader):

@@ -76,10 +76,10 @@ def main() -> None:
         total_limit=2,
         save_on_preemption=os.environ.get("PREEMPT_SAVE") == "1",
     )
-    # RESUME_SKIP=continue: the documented manual resume (the epoch replays, the loop skips the seen batches);
-    # otherwise the opt-in: the loader resumes at the saved batch by itself.
+    # RESUME_SKIP=continue: the manual resume with accel's replay_epoch_on_resume (the epoch and its order come
+    # back, the loop skips the seen batches); otherwise the opt-in: the loader resumes at the saved batch by itself.
     manual_skip = os.environ.get("RESUME_SKIP") == "continue"
-    stateful = DataLoaderConfiguration(use_stateful_dataloader=not manual_skip)
+    stateful = DataLoaderConfiguration(use_stateful_dataloader=not manual_skip, replay_epoch_on_resume=manual_skip)
     accelerator = Accelerator(gradient_accumulation_steps=2, project_config=config, dataloader_config=stateful)
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(48, 4), torch.randn(48, 1))

@@ -1,6 +1,7 @@
-"""Restarts under ``accel launch --max_restarts`` with the documented manual resume: the script does not
-opt in to ``use_stateful_dataloader``, so after ``load_state`` the epoch replays from its first batch and
-the loop skips the batches it trained on with ``continue`` (``faults_job.py`` with ``RESUME_SKIP``).
+"""Restarts under ``accel launch --max_restarts`` with a manual resume: the script opts in to accel's
+``replay_epoch_on_resume`` (not ``use_stateful_dataloader``), so after ``load_state`` the epoch replays
+from its first batch in its saved order and the loop skips the batches it trained on with ``continue``
+(``faults_job.py`` with ``RESUME_SKIP``).
 Killed three times, it ends with the parameters of the uninterrupted run of the same script."""
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """Resuming mid-epoch the documented way, through the real ``accel launch`` (2 CPU processes, gloo).
 
-After ``load_state`` a prepared loader replays the interrupted epoch from its first batch (same order)
-unless the script opts in with ``use_stateful_dataloader=True``; the script skips the batches it already
-trained on with ``skip_first_batches`` or with a ``continue`` over the first steps. Each way, under DDP,
-FSDP2 and DeepSpeed ZeRO-3, ends with the parameters of the uninterrupted run (issue: a ``continue`` skip
-used to skip those batches twice).
+The script skips the batches it already trained on with ``skip_first_batches`` or with a ``continue``
+over the first steps (it does not opt in to ``use_stateful_dataloader=True``, which would skip them by
+itself). Under FSDP2 and DeepSpeed ZeRO-3 with the default loader (left as prepared by ``load_state``,
+as in the documented system) a save in the first epoch resumes to the parameters of the uninterrupted
+run: the loader shuffles with a generator of its own, so the first epoch's order comes back. Under DDP
+the script opts in to accel's ``replay_epoch_on_resume=True`` and saves in the second epoch, which the
+default would read in the first epoch's order. Neither way skips the seen batches twice.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ SCRIPT = textwrap.dedent(
     from accel_data import DataLoaderConfiguration
     from accel_train import Accelerator
 
-    folder, phase = sys.argv[1], sys.argv[2]
-    EPOCHS, SAVE_EPOCH, SAVE_AT = 2, 0, 3  # save after 3 of the 6 steps of the first epoch
-    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration())  # the default: no automatic position
+    folder, phase, replay = sys.argv[1], sys.argv[2], sys.argv[3] == "replay"
+    # save after 3 of the 6 steps of the first epoch (the second with the replay opt-in)
+    EPOCHS, SAVE_EPOCH, SAVE_AT = 2, (1 if replay else 0), 3
+    # the default: no automatic position; or accel's opt-in that replays the interrupted epoch
+    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(replay_epoch_on_resume=replay))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -77,15 +81,15 @@ needs_deepspeed = pytest.mark.skipif(not is_deepspeed_available(), reason='needs
 
 
 @pytest.mark.parametrize(
-    ("backend", "resumes"),
+    ("backend", "loader", "resumes"),
     [
-        ("MULTI_CPU", ("continue", "skip_first_batches")),
-        ("FSDP", ("continue", "skip_first_batches")),
-        pytest.param("DEEPSPEED", ("continue", "skip_first_batches"), marks=needs_deepspeed),
+        ("MULTI_CPU", "replay", ("continue", "skip_first_batches")),
+        ("FSDP", "default", ("continue", "skip_first_batches")),
+        pytest.param("DEEPSPEED", "default", ("continue", "skip_first_batches"), marks=needs_deepspeed),
     ],
 )
 def test_resume_with_a_manual_skip_ends_like_the_uninterrupted_run(
-    tmp_path: pathlib.Path, backend: str, resumes: tuple[str, ...]
+    tmp_path: pathlib.Path, backend: str, loader: str, resumes: tuple[str, ...]
 ) -> None:
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
@@ -93,7 +97,8 @@ def test_resume_with_a_manual_skip_ends_like_the_uninterrupted_run(
     config.write_text(CONFIGS[backend])
     for phase in ("first", *resumes):
         result = run_command(
-            [*accel_command(), "launch", "--config_file", str(config), str(script), str(tmp_path), phase], timeout=600
+            [*accel_command(), "launch", "--config_file", str(config), str(script), str(tmp_path), phase, loader],
+            timeout=600,
         )
         assert result.returncode == 0, (phase, (result.stdout + result.stderr)[-4000:])
     first = json.loads((tmp_path / "first.json").read_text())

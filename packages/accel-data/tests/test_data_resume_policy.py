@@ -1,8 +1,10 @@
 """What ``Accelerator.load_state`` does with a saved loader position (``load_checkpoint_state``).
 
-As documented: without ``use_stateful_dataloader=True`` the interrupted epoch replays from its first
-batch, in the same order, and the script skips what it already used (``skip_first_batches`` or a
-``continue``); with the opt-in the loader continues at the saved batch (torchdata or accel's own state).
+As documented: without an opt-in the loader stays as it was prepared (its next iteration is a new
+epoch whose order comes from torch's restored random state) and the script skips what it already used
+(``skip_first_batches`` or a ``continue``). With ``use_stateful_dataloader=True`` the loader continues
+at the saved batch (torchdata or accel's own state). With accel's ``replay_epoch_on_resume=True`` the
+interrupted epoch replays from its first batch, in the same order, so the script's own skip is exact.
 """
 
 from __future__ import annotations
@@ -43,21 +45,23 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-def build(config: dict[str, Any], stateful: bool, seed: int) -> DataLoader:
+def build(config: dict[str, Any], stateful: bool, seed: int, replay: bool = False) -> DataLoader:
     torch.manual_seed(seed)
     options = dict(config)
     dataset = Squares() if options.pop("data") == "map" else Stream()
     raw = DataLoader(dataset, batch_size=2, shuffle=options.pop("shuffle", False))
-    return prepare_data_loader(raw, use_stateful_dataloader=stateful, **options)
+    return prepare_data_loader(raw, use_stateful_dataloader=stateful, replay_epoch_on_resume=replay, **options)
 
 
 def flat(batch: Any) -> list[int]:
     return (batch["i"] if isinstance(batch, dict) else batch).tolist()
 
 
-def checkpoint_in_epoch_1(config: dict[str, Any], stateful: bool) -> tuple[list[list[int]], dict[str, Any]]:
+def checkpoint_in_epoch_1(
+    config: dict[str, Any], stateful: bool, replay: bool = False
+) -> tuple[list[list[int]], dict[str, Any]]:
     """Epoch 1 as an uninterrupted run reads it, and the state saved after ``SAVED_AT`` of its batches."""
-    loader = build(config, stateful, seed=0)
+    loader = build(config, stateful, seed=0, replay=replay)
     for _ in loader:  # epoch 0
         pass
     epoch_1 = []
@@ -71,10 +75,47 @@ def checkpoint_in_epoch_1(config: dict[str, Any], stateful: bool) -> tuple[list[
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_default_replays_the_epoch_and_both_manual_skips_resume_exactly(name: str) -> None:
-    epoch_1, state = checkpoint_in_epoch_1(CONFIGS[name], stateful=False)
+def test_default_leaves_the_loader_as_prepared(name: str) -> None:
+    """As in the documented system: no epoch, order or position comes back; the loader reads what a
+    freshly prepared one reads after the same random state."""
+    _, state = checkpoint_in_epoch_1(CONFIGS[name], stateful=False)
+    resumed = build(CONFIGS[name], False, seed=1234)
+    fresh = build(CONFIGS[name], False, seed=1234)
+    torch.manual_seed(5)
+    load_checkpoint_state(resumed, state)
+    assert resumed.iteration == 0 and resumed.state_dict()["batches_yielded"] == 0
+    read = [flat(b) for b in resumed]
+    torch.manual_seed(5)
+    assert read == [flat(b) for b in fresh]
 
-    replayed = build(CONFIGS[name], False, seed=1234)  # another RNG: the state brings back the order
+
+def test_default_skip_first_batches_does_not_advance_the_loaders_epoch() -> None:
+    """As in the documented system, a loader skipped from keeps its own epoch count (a seedable sampler
+    then reads the order of that epoch again); the opt-ins continue at the next epoch."""
+    for replay, expected in ((False, 0), (True, 1)):
+        loader = build(CONFIGS["seedable"], False, seed=0, replay=replay)
+        for _ in skip_first_batches(loader, 2):
+            pass
+        assert loader.iteration == expected, replay
+
+
+def test_the_two_opt_ins_together_are_refused() -> None:
+    raw = DataLoader(Squares(), batch_size=2)
+    with pytest.raises(ValueError, match="use_stateful_dataloader=True and replay_epoch_on_resume=True"):
+        prepare_data_loader(raw, use_stateful_dataloader=True, replay_epoch_on_resume=True)
+    from accel_data import DataLoaderConfiguration
+
+    with pytest.raises(ValueError, match="cannot be combined"):
+        DataLoaderConfiguration(use_stateful_dataloader=True, replay_epoch_on_resume=True)
+    with pytest.raises(TypeError, match="replay_epoch_on_resume must be True or False"):
+        DataLoaderConfiguration(replay_epoch_on_resume="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_replay_opt_in_replays_the_epoch_and_both_manual_skips_resume_exactly(name: str) -> None:
+    epoch_1, state = checkpoint_in_epoch_1(CONFIGS[name], stateful=False, replay=True)
+
+    replayed = build(CONFIGS[name], False, seed=1234, replay=True)  # another RNG: the state brings back the order
     load_checkpoint_state(replayed, state)
     assert replayed.iteration == 1 and replayed.state_dict()["batches_yielded"] == 0
     continued = []
@@ -84,28 +125,28 @@ def test_default_replays_the_epoch_and_both_manual_skips_resume_exactly(name: st
         continued.append(flat(batch))
     assert continued == epoch_1[SAVED_AT:]
 
-    skipped_from = build(CONFIGS[name], False, seed=99)
+    skipped_from = build(CONFIGS[name], False, seed=99, replay=True)
     load_checkpoint_state(skipped_from, state)
     skipped = [flat(b) for b in skip_first_batches(skipped_from, SAVED_AT)]
     assert skipped == epoch_1[SAVED_AT:]
 
 
-def test_default_replay_reads_the_whole_epoch_in_the_saved_order() -> None:
-    epoch_1, state = checkpoint_in_epoch_1(CONFIGS["shuffled"], stateful=False)
-    replayed = build(CONFIGS["shuffled"], False, seed=5)
+def test_replay_opt_in_reads_the_whole_epoch_in_the_saved_order() -> None:
+    epoch_1, state = checkpoint_in_epoch_1(CONFIGS["shuffled"], stateful=False, replay=True)
+    replayed = build(CONFIGS["shuffled"], False, seed=5, replay=True)
     load_checkpoint_state(replayed, state)
     assert [flat(b) for b in replayed] == epoch_1
     assert replayed.iteration == 2  # and the next epoch is the one after the saved one
 
 
-def test_default_replay_leaves_the_global_generator_as_the_uninterrupted_run() -> None:
-    """The replayed iterator of a loader with its own generator (sharded) does not draw from torch's
-    generator: later random numbers stay in step. (A one-process loader without one draws its order from
-    torch's generator each epoch, as Hugging Face Accelerate does, and replays that draw.)"""
-    _, state = checkpoint_in_epoch_1(CONFIGS["sharded-shuffled"], stateful=False)
+@pytest.mark.parametrize("name", ["shuffled", "sharded-shuffled", "seedable"])
+def test_replay_opt_in_leaves_the_global_generator_as_the_uninterrupted_run(name: str) -> None:
+    """The replayed iterator does not draw from torch's generator again: later random numbers stay in
+    step (a one-process loader with the opt-in shuffles with a generator of its own)."""
+    _, state = checkpoint_in_epoch_1(CONFIGS[name], stateful=False, replay=True)
     torch.manual_seed(7)
     expected = torch.rand(3)
-    replayed = build(CONFIGS["sharded-shuffled"], False, seed=5)
+    replayed = build(CONFIGS[name], False, seed=5, replay=True)
     load_checkpoint_state(replayed, state)
     torch.manual_seed(7)
     iterator = iter(replayed)

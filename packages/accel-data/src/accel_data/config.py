@@ -36,11 +36,19 @@ class DataLoaderConfiguration:
         data_seed: seed of that sampler (default: torch's initial seed, as set by ``set_seed``).
         non_blocking: move batches to the device with ``non_blocking=True`` (useful with ``pin_memory``).
         use_stateful_dataloader: opt in to resuming mid-epoch: after ``Accelerator.load_state`` a prepared
-            loader continues at the batch after the last one saved. Off (the default, as documented), it
-            replays the interrupted epoch from its start, in the same order, and the script skips the
-            batches it already used (``skip_first_batches`` or ``continue``). With torchdata installed
+            loader continues at the batch after the last one saved. Off (the default, as documented),
+            ``load_state`` leaves the loader as it was prepared: its next iteration starts an epoch whose
+            order comes from the random states just restored, and the script skips the batches it
+            already used (``skip_first_batches`` or ``continue``). With torchdata installed
             (``pip install "accel-data[torchdata]"``) the loaders are built on its ``StatefulDataLoader``,
             whose state also covers workers and stateful datasets; without it, accel's own position is used.
+        replay_epoch_on_resume: accel's opt-in for scripts that skip by hand: after ``load_state`` a
+            loader without ``use_stateful_dataloader`` gets back the interrupted epoch's number and
+            shuffle order and replays it from its first batch without drawing from torch's generator
+            again, so ``skip_first_batches(loader, n)`` or a ``continue`` over the first ``n`` steps
+            resumes exactly where the uninterrupted run was (the documented system has no such option:
+            its resumed loader starts at epoch 0 and draws a new order). Cannot be combined with
+            ``use_stateful_dataloader``, which continues at the saved batch by itself.
     """
 
     split_batches: bool = False
@@ -50,6 +58,7 @@ class DataLoaderConfiguration:
     data_seed: int | None = None
     non_blocking: bool = False
     use_stateful_dataloader: bool = False
+    replay_epoch_on_resume: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -58,8 +67,10 @@ class DataLoaderConfiguration:
             "use_seedable_sampler",
             "non_blocking",
             "use_stateful_dataloader",
+            "replay_epoch_on_resume",
         ):
             _check_bool(name, getattr(self, name))
+        check_resume_options("DataLoaderConfiguration", self.use_stateful_dataloader, self.replay_epoch_on_resume)
         if self.dispatch_batches is not None:
             _check_bool("dispatch_batches", self.dispatch_batches, "True, False or None (automatic)")
         if self.data_seed is not None and (isinstance(self.data_seed, bool) or not isinstance(self.data_seed, int)):
@@ -79,6 +90,22 @@ class DataLoaderConfiguration:
     def to_dict(self) -> dict[str, Any]:
         """The settings as a plain dict (field name -> value)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def check_resume_options(where: str, use_stateful_dataloader: bool, replay_epoch_on_resume: bool) -> None:
+    """Refuse the two resume opt-ins together: each defines what ``load_state`` does with a loader.
+
+    Args:
+        where: what received them (named in the error).
+        use_stateful_dataloader: the loader continues at the saved batch.
+        replay_epoch_on_resume: the loader replays the saved epoch for a script that skips by hand.
+    """
+    if use_stateful_dataloader and replay_epoch_on_resume:
+        raise ValueError(
+            f"{where}: use_stateful_dataloader=True and replay_epoch_on_resume=True cannot be combined: the "
+            "first continues at the saved batch by itself, the second replays the epoch for a script that skips "
+            "the seen batches by hand. Keep the one your script is written for."
+        )
 
 
 def _check_bool(name: str, value: Any, expected: str = "True or False") -> None:

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from accel_data.adapter import DataLoaderAdapter
-from accel_data.config import DataLoaderConfiguration
+from accel_data.config import DataLoaderConfiguration, check_resume_options
 from accel_data.dispatch import DataLoaderDispatcher
 from accel_data.loaders import DataLoaderShard, DataLoaderStateMixin, SkipDataLoader
 from accel_data.mesh import data_parallel_coordinates
@@ -115,6 +115,7 @@ def prepare_data_loader(
     non_blocking: bool = False,
     use_stateful_dataloader: bool = False,
     torch_device_mesh: Any = None,
+    replay_epoch_on_resume: bool = False,
 ) -> DataLoader:
     """Wrap ``dataloader`` so that each process reads its share and batches land on ``device``.
 
@@ -136,10 +137,13 @@ def prepare_data_loader(
         data_seed: its seed.
         non_blocking: move batches with ``non_blocking=True``.
         use_stateful_dataloader: opt in to resuming at the saved batch after ``Accelerator.load_state``
-            (default: the epoch replays from its start, as documented); built on torchdata's
+            (default, as documented: ``load_state`` leaves the loader as prepared); built on torchdata's
             ``StatefulDataLoader`` when torchdata is installed, on accel's own position otherwise.
         torch_device_mesh: shard over the mesh's data-parallel dimensions only, so tensor- and
             context-parallel ranks get the same batches.
+        replay_epoch_on_resume: accel's opt-in: ``load_state`` gives the loader back the interrupted
+            epoch and its order, replayed from the first batch, for scripts that skip by hand (see
+            :class:`DataLoaderConfiguration`).
         num_processes: Number of processes sharing the data; `None` takes it from the distributed state.
         process_index: Index of this process; `None` takes it from the distributed state.
 
@@ -154,6 +158,7 @@ def prepare_data_loader(
             f"prepare_data_loader needs a torch.utils.data.DataLoader, got {type(dataloader).__name__}; "
             "wrap your dataset in DataLoader(dataset, batch_size=...) first."
         )
+    check_resume_options("prepare_data_loader", use_stateful_dataloader, replay_epoch_on_resume)
     is_iterable = isinstance(dataloader.dataset, IterableDataset)
     if dispatch_batches is None:
         dispatch_batches = bool(put_on_device and is_iterable)
@@ -225,7 +230,9 @@ def prepare_data_loader(
         elif (
             not use_seedable_sampler
             and generator_owner(
-                has_generator=sampler.generator is not None, sharded=shard, resumable=use_stateful_dataloader
+                has_generator=sampler.generator is not None,
+                sharded=shard,
+                resumable=use_stateful_dataloader or replay_epoch_on_resume,
             )
             is GeneratorOwner.LOADER
         ):
@@ -289,9 +296,10 @@ def prepare_data_loader(
     else:
         kwargs["batch_sampler"] = new_batch_sampler
 
+    prepared: DataLoaderShard | DataLoaderDispatcher
     if dispatch_batches:
         kwargs.pop("generator", None)
-        return DataLoaderDispatcher(
+        prepared = DataLoaderDispatcher(
             new_dataset,
             split_batches=split_batches,
             slice_fn=slice_fn_for_dispatch,
@@ -299,15 +307,18 @@ def prepare_data_loader(
             **common,
             **kwargs,
         )
-    return DataLoaderShard(
-        new_dataset,
-        device=device if put_on_device and state.distributed_type != DistributedType.XLA else None,
-        rng_types=rng_types,
-        synchronized_generator=synchronized_generator,
-        torch_device_mesh=torch_device_mesh,
-        **common,
-        **kwargs,
-    )
+    else:
+        prepared = DataLoaderShard(
+            new_dataset,
+            device=device if put_on_device and state.distributed_type != DistributedType.XLA else None,
+            rng_types=rng_types,
+            synchronized_generator=synchronized_generator,
+            torch_device_mesh=torch_device_mesh,
+            **common,
+            **kwargs,
+        )
+    prepared.replay_epoch_on_resume = replay_epoch_on_resume
+    return prepared
 
 
 def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:

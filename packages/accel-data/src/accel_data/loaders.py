@@ -7,9 +7,10 @@ batch is used, and counts the batches it yields, so ``state_dict()`` / ``load_st
 mid-epoch.
 
 ``Accelerator.load_state`` restores that position only for loaders that opted in with
-``use_stateful_dataloader=True`` (:func:`load_checkpoint_state`); the others get back their epoch and
-shuffle order and replay the epoch from its start, as in the documented system, so a script that skips
-the seen batches itself (``skip_first_batches`` or a ``continue``) does not skip them twice.
+``use_stateful_dataloader=True`` (:func:`load_checkpoint_state`). The others stay as they were prepared,
+as in the documented system, so a script that skips the seen batches itself (``skip_first_batches`` or
+a ``continue``) does not skip them twice; with accel's ``replay_epoch_on_resume=True`` they get back
+their epoch and shuffle order and replay the epoch from its start, so that such a skip resumes exactly.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ class DataLoaderStateMixin:
 
     _stateful = False
     _position_opt_in = False
+    replay_epoch_on_resume = False  # set by prepare_data_loader (accel's opt-in, see load_checkpoint_state)
 
     def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
         from accel_state import imports
@@ -127,6 +129,7 @@ class DataLoaderStateMixin:
         self._index_skip = 0
         self._resume_position = 0
         self._keep_global_rng = False
+        self._loaded_state = False  # load_state_dict gave it an epoch and position
         self._epoch_start_states: list[torch.Tensor] | None = None
         self._generators: list[torch.Generator] | None = None
         self._snapshot: dict[str, Any] | None = None
@@ -140,8 +143,9 @@ class DataLoaderStateMixin:
         """Make this loader (from ``skip_first_batches(source, num_batches)``) stand in for ``source``.
 
         ``source`` forgets a position restored by ``load_state_dict`` (the caller now skips explicitly, and
-        must not skip twice), reports this loader's position while it runs, and continues at the next
-        epoch once this loader has finished its own.
+        must not skip twice) and reports this loader's position while it runs. When it was given back an
+        epoch (``load_state_dict``) or resumes exactly (``use_stateful_dataloader``,
+        ``replay_epoch_on_resume``), it continues at the next epoch once this loader has finished its own.
         """
         import weakref
 
@@ -278,6 +282,7 @@ class DataLoaderStateMixin:
         # prepared already: a sampler the loader was to own a generator for holds it (see generator_owner)
         return (
             isinstance(sampler, RandomSampler)
+            and not isinstance(sampler, SeedableRandomSampler)  # seeds a generator of its own each epoch
             and generator_owner(has_generator=sampler.generator is not None, sharded=False, resumable=False)
             is GeneratorOwner.GLOBAL
         )
@@ -320,7 +325,11 @@ class DataLoaderStateMixin:
 
     def _finish_epoch(self) -> None:
         source = self._epoch_source
-        if source is not None:
+        if source is not None and (
+            source._loaded_state or source.replay_epoch_on_resume or source.use_stateful_dataloader
+        ):
+            # a loader given back its epoch (load_state_dict) or that resumes exactly continues at the next
+            # epoch; otherwise, as in the documented system, the loader skipped from keeps its epoch count
             source.iteration = self.iteration + 1
             self._epoch_source = None  # later epochs of this loader are its own
             self._position_offset = 0
@@ -483,6 +492,7 @@ class DataLoaderStateMixin:
         for generator, saved in zip(generators, states):
             generator.set_state(torch.as_tensor(saved, dtype=torch.uint8).detach().cpu().clone())
         self.iteration = int(state_dict["epoch"])
+        self._loaded_state = True
         position = int(state_dict["batches_yielded"])
         # Replaying a started epoch: the base iterator must not draw from torch's global generator again
         # (the uninterrupted run drew before the checkpoint), or every later random number shifts.
@@ -516,19 +526,23 @@ class DataLoaderStateMixin:
 def load_checkpoint_state(loader: Any, state_dict: dict[str, Any]) -> None:
     """Load a loader's saved state the way ``Accelerator.load_state`` does.
 
-    A prepared loader that opted in with ``use_stateful_dataloader=True`` continues at the saved batch.
-    Any other prepared loader gets back its epoch and shuffle order and replays that epoch from its
-    first batch: the documented resume, where the script skips the batches it already trained on with
-    ``accelerator.skip_first_batches(loader, n)`` or a ``continue`` over the first ``n`` steps.
+    - A prepared loader that opted in with ``use_stateful_dataloader=True`` continues at the saved batch.
+    - One prepared with accel's ``replay_epoch_on_resume=True`` gets back its epoch and shuffle order and
+      replays that epoch from its first batch without drawing from torch's generator again, so the
+      script's own skip (``skip_first_batches(loader, n)`` or a ``continue`` over the first ``n`` steps)
+      resumes exactly.
+    - Any other prepared loader is left as it was prepared, as in the documented system: its next
+      iteration is a new epoch whose order comes from the random states ``load_state`` restored, and
+      the script skips the seen batches itself.
 
     Args:
         loader: a prepared loader (or any object with ``load_state_dict``, given the state as it is).
         state_dict: the state saved by ``save_state``.
     """
-    if isinstance(loader, DataLoaderStateMixin) and not loader.use_stateful_dataloader:
-        loader.load_state_dict(state_dict, restore_position=False)
-    else:
+    if not isinstance(loader, DataLoaderStateMixin) or loader.use_stateful_dataloader:
         loader.load_state_dict(state_dict)
+    elif loader.replay_epoch_on_resume:
+        loader.load_state_dict(state_dict, restore_position=False)
 
 
 class DataLoaderShard(DataLoaderStateMixin, DataLoader):

@@ -29,7 +29,7 @@ def generator_owner(*, has_generator: bool, sharded: bool, resumable: bool) -> G
     A sampler with a generator keeps it. One without shuffles each epoch from torch's global
     generator, as in the documented system (the same seed gives the same batches and every later
     random draw stays in step), unless the loader is sharded over processes or opted in to resuming
-    at the saved batch: then the loader gives it a generator of its own, so that every process
+    exactly: then the loader gives it a generator of its own, so that every process
     shuffles alike and a saved position replays exactly.
 
     ``prepare_data_loader`` asks it of the user's sampler; a prepared loader asks it of its own
@@ -39,7 +39,8 @@ def generator_owner(*, has_generator: bool, sharded: bool, resumable: bool) -> G
     Args:
         has_generator: the sampler has a ``generator`` of its own.
         sharded: the loader shards the data over processes (several processes, not dispatching).
-        resumable: the loader opted in to resuming at the saved batch (``use_stateful_dataloader=True``).
+        resumable: the loader opted in to resuming exactly (``use_stateful_dataloader=True``, or accel's
+            ``replay_epoch_on_resume=True``).
 
     Returns:
         ``SAMPLER``, ``LOADER`` (the loader is to give the sampler a generator) or ``GLOBAL``.

@@ -429,6 +429,7 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
             data_seed=getattr(config, "data_seed", None),
             non_blocking=config.non_blocking,
             use_stateful_dataloader=self.use_stateful_dataloader,
+            replay_epoch_on_resume=config.replay_epoch_on_resume,
         )
         _mark_prepared(prepared)
         self._dataloaders.append(prepared)

@@ -1,0 +1,71 @@
+"""What a script written for the documented system reads after ``load_state``: batches and random draws.
+
+Run as ``resume_order_job.py PHASE FOLDER SAVE_EPOCH SAVE_STEP [seedable] [replay]`` on accel, or with
+``RESUME_ORDER_LIB=accelerate`` on the documented system (``tools/record_resume_order_reference.py``
+records its figures there). ``save`` runs three epochs of a shuffled loader and saves the state after
+``SAVE_STEP`` batches of epoch ``SAVE_EPOCH``; ``resume`` loads that state and goes on as the
+documented checkpointing guide does: ``skip_first_batches`` for the rest of the interrupted epoch, the
+prepared loader after it. Each process writes ``FOLDER/PHASE.RANK.json``: one ``[epoch, step, batch,
+draw]`` per step, ``draw`` a number taken from torch's generator at the step (as dropout would).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+if os.environ.get("RESUME_ORDER_LIB") == "accelerate":
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from accelerate.utils import set_seed
+else:
+    from accel_data import DataLoaderConfiguration
+    from accel_state.random import set_seed
+    from accel_train import Accelerator
+
+EPOCHS = 3
+#: name -> (processes, save epoch, save step, options): the cases compared with the documented system
+REFERENCE_CASES: dict[str, tuple[int, int, int, tuple[str, ...]]] = {
+    "one-process-epoch-1": (1, 1, 2, ()),
+    "one-process-seedable-epoch-1": (1, 1, 2, ("seedable",)),
+    "two-processes-epoch-0": (2, 0, 3, ()),
+    "two-processes-seedable-epoch-1": (2, 1, 2, ("seedable",)),
+}
+#: accel's replay opt-in, which the documented system lacks: the resumed run equals the uninterrupted one
+REPLAY_CASES: dict[str, tuple[int, int, int, tuple[str, ...]]] = {
+    "one-process-replay-epoch-1": (1, 1, 2, ("replay",)),
+    "two-processes-seedable-replay-epoch-1": (2, 1, 2, ("seedable", "replay")),
+}
+
+
+def main() -> None:
+    phase, folder, save_epoch, save_step = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    options = set(sys.argv[5:])
+    config = {"use_seedable_sampler": "seedable" in options}
+    if "replay" in options:
+        config["replay_epoch_on_resume"] = True  # accel's opt-in (the documented system has none)
+    set_seed(0)
+    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(**config))
+    loader = accelerator.prepare(torch.utils.data.DataLoader(list(range(16)), batch_size=2, shuffle=True))
+    checkpoint = os.path.join(folder, "checkpoint")
+    first_epoch = 0
+    if phase == "resume":
+        accelerator.load_state(checkpoint)
+        first_epoch = save_epoch
+    log = []
+    for epoch in range(first_epoch, EPOCHS):
+        resuming = phase == "resume" and epoch == save_epoch
+        batches = accelerator.skip_first_batches(loader, save_step) if resuming else loader
+        for step, batch in enumerate(batches, start=save_step if resuming else 0):
+            log.append([epoch, step, batch.tolist(), round(torch.rand(1).item(), 8)])
+            if phase == "save" and (epoch, step + 1) == (save_epoch, save_step):
+                accelerator.save_state(checkpoint)
+    with open(os.path.join(folder, f"{phase}.{accelerator.process_index}.json"), "w") as handle:
+        json.dump(log, handle)
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    main()

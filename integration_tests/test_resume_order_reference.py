@@ -1,0 +1,59 @@
+"""A script written for the documented system reads, after ``load_state``, what it reads there.
+
+``resume_order_job.py`` saves mid-epoch, then a second run loads the state and skips the seen batches
+with ``skip_first_batches``, as the documented checkpointing guide shows. On one process (plain
+``python``) and on two (the real ``accel launch``), every batch and every random draw of both runs
+equals the figures recorded on Hugging Face Accelerate 1.15 (``reference/resume_order.json``, from
+``tools/record_resume_order_reference.py``): the loader is left as prepared, so the resumed epoch's
+order, and the random numbers after it, are the documented system's. With accel's opt-in
+``replay_epoch_on_resume=True`` the resumed run instead continues the uninterrupted one exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+import pytest
+from conftest import ROOT, accel_command, run_command
+from resume_order_job import REFERENCE_CASES, REPLAY_CASES
+
+JOB = str(ROOT / "integration_tests" / "resume_order_job.py")
+REFERENCE = json.loads((ROOT / "integration_tests" / "reference" / "resume_order.json").read_text())
+
+
+def run_case(folder: pathlib.Path, processes: int, epoch: int, step: int, options: tuple[str, ...]) -> dict:
+    """Both phases of a case on accel: {phase: {rank: log}}."""
+    launch = (
+        [sys.executable, JOB]
+        if processes == 1
+        else [*accel_command(), "launch", "--cpu", "--num_processes", str(processes), JOB]
+    )
+    for phase in ("save", "resume"):
+        done = run_command([*launch, phase, str(folder), str(epoch), str(step), *options], timeout=300)
+        assert done.returncode == 0, (phase, (done.stdout + done.stderr)[-4000:])
+    return {
+        phase: {str(rank): json.loads((folder / f"{phase}.{rank}.json").read_text()) for rank in range(processes)}
+        for phase in ("save", "resume")
+    }
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE_CASES))
+def test_the_resumed_run_reads_what_the_documented_system_reads(tmp_path: pathlib.Path, name: str) -> None:
+    processes, epoch, step, options = REFERENCE_CASES[name]
+    figures = run_case(tmp_path, processes, epoch, step, options)
+    expected = REFERENCE["cases"][name]
+    for phase in ("save", "resume"):
+        for rank, log in expected[phase].items():
+            assert figures[phase][rank] == log, (phase, rank)
+
+
+@pytest.mark.parametrize("name", sorted(REPLAY_CASES))
+def test_the_replay_opt_in_continues_the_uninterrupted_run(tmp_path: pathlib.Path, name: str) -> None:
+    processes, epoch, step, options = REPLAY_CASES[name]
+    figures = run_case(tmp_path, processes, epoch, step, options)
+    for rank in range(processes):
+        uninterrupted = figures["save"][str(rank)]
+        resumed_from = next(i for i, (e, s, _, _) in enumerate(uninterrupted) if (e, s) == (epoch, step))
+        assert figures["resume"][str(rank)] == uninterrupted[resumed_from:], rank
