@@ -179,8 +179,9 @@ def trackers(session: nox.Session) -> None:
 def integration(session: nox.Session) -> None:
     """End-to-end runs through the real ``accel launch``: multi-process, multi-machine, resume, offload."""
     _install_local(session, *ORDER, extras={"accel": "test", "accel-train": "deepspeed"})
-    session.install(*_constraints(), "numpy", "safetensors", "tqdm", "psutil")
-    _pytest(session, "integration", str(ROOT / "integration_tests"))
+    session.install(*_constraints(), "numpy", "safetensors", "tqdm", "psutil", "pytest-xdist")
+    # each test mostly waits on the processes it launches: two workers (a test file each) keep both cores busy
+    _pytest(session, "integration", "-n", "2", "--dist", "loadfile", str(ROOT / "integration_tests"))
 
 
 @nox.session(tags=["ci"])
@@ -217,13 +218,14 @@ def clients(session: nox.Session) -> None:
     # which accel stands in for: the clients without it, their other needs by hand
     clients = ("peft", "trl", "diffusers", "sentence-transformers")
     session.install(*_constraints(), "--no-deps", *[CLIENT_PINS[name] for name in clients])
-    session.install(*_constraints(), "psutil", "tqdm", "packaging", "pyyaml", "huggingface_hub")
+    session.install(*_constraints(), "psutil", "tqdm", "packaging", "pyyaml", "huggingface_hub", "pytest-xdist")
     session.install(
         *_constraints(), "datasets", "tensorboard", "jinja2", "pandas", "pyarrow", "Pillow", "importlib_metadata",
         "scikit-learn", "scipy", "requests", "regex", "filelock", "typing_extensions",
     )  # fmt: skip
     session.run("python", "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('accelerate') is not None)")
-    _pytest(session, "clients", str(ROOT / "integration_tests" / "clients"))
+    # each case mostly waits on the client stack it starts: two workers, any case to either
+    _pytest(session, "clients", "-n", "2", "--dist", "load", str(ROOT / "integration_tests" / "clients"))
     # accel-train's tests that need transformers beside DeepSpeed / tensor parallelism (skipped in its
     # own session, which has no transformers)
     train_tests = DISTS["accel-train"]["path"] / "tests"
@@ -301,7 +303,7 @@ def docs(session: nox.Session) -> None:
     if no_run:
         return
     session.install(*_constraints(), "numpy", "safetensors", "tqdm", "tensorboard", "bitsandbytes", "deepspeed")
-    session.run("python", str(ROOT / "tools" / "run_doc_examples.py"), "--quiet", *pages)
+    session.run("python", str(ROOT / "tools" / "run_doc_examples.py"), "--quiet", "--jobs", "2", *pages)
 
 
 @nox.session

@@ -2,6 +2,7 @@
 
     python tools/run_doc_examples.py                 # every docs/*.md page
     python tools/run_doc_examples.py docs/launching.md --list
+    python tools/run_doc_examples.py --jobs 2 --quiet         # two pages at a time (CI)
 
 Each page gets a scratch folder; its blocks run there, in page order, so a later block can use a
 file an earlier one wrote. What a block does is set by its fence's info string:
@@ -24,6 +25,7 @@ and ``OMP_NUM_THREADS=1``. The exit status is 1 when a block fails or when no bl
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import importlib
 import os
@@ -36,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RUNNABLE = ("python", "bash")
@@ -229,6 +232,25 @@ def run_page(path: pathlib.Path, keep: bool = False) -> list[Outcome]:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _report(page_outcomes: Iterable[list[Outcome]], outcomes: list[Outcome], quiet: bool) -> None:
+    """Print one line per block (failed and skipped ones only when ``quiet``); collect into ``outcomes``."""
+    for page in page_outcomes:
+        for outcome in page:
+            outcomes.append(outcome)
+            block = outcome.block
+            if outcome.status == "written":
+                continue
+            label = block.language + (f" x{block.attributes['processes']}" if "processes" in block.attributes else "")
+            if outcome.status == "ran":
+                if not quiet:
+                    print(f"ok      {block.where:32} {label:9} {outcome.seconds:6.1f} s", flush=True)
+            elif outcome.status == "skipped":
+                print(f"skipped {block.where:32} {label:9} ({outcome.detail})", flush=True)
+            else:
+                print(f"FAILED  {block.where:32} {label:9} {outcome.seconds:6.1f} s", flush=True)
+                print("\n".join("    | " + line for line in outcome.detail[-4000:].splitlines()), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the pages named (default: every docs/*.md), print one line per block and a summary."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -236,7 +258,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the blocks and what would happen, run nothing")
     parser.add_argument("--keep", action="store_true", help="keep each page's scratch folder")
     parser.add_argument("--quiet", action="store_true", help="print only failed and skipped blocks, and the summary")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="pages run at once (each in its own scratch folder; blocks of a page in order)",
+    )
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be 1 or more, got {args.jobs}")
     pages = args.pages or sorted((ROOT / "docs").glob("*.md"))
     if args.list:
         for page in pages:
@@ -253,21 +283,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     start = time.perf_counter()
     outcomes: list[Outcome] = []
-    for page in pages:
-        for outcome in run_page(page, keep=args.keep):
-            outcomes.append(outcome)
-            block = outcome.block
-            if outcome.status == "written":
-                continue
-            label = block.language + (f" x{block.attributes['processes']}" if "processes" in block.attributes else "")
-            if outcome.status == "ran":
-                if not args.quiet:
-                    print(f"ok      {block.where:32} {label:9} {outcome.seconds:6.1f} s", flush=True)
-            elif outcome.status == "skipped":
-                print(f"skipped {block.where:32} {label:9} ({outcome.detail})", flush=True)
-            else:
-                print(f"FAILED  {block.where:32} {label:9} {outcome.seconds:6.1f} s", flush=True)
-                print("\n".join("    | " + line for line in outcome.detail[-4000:].splitlines()), flush=True)
+    # Pages are independent (own scratch folder; a launched block picks a free port), so several can run
+    # at once; results are printed page by page, in order, as each page's turn comes.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        page_outcomes = pool.map(lambda page: run_page(page, keep=args.keep), pages)
+        _report(page_outcomes, outcomes, quiet=args.quiet)
     counts = {status: sum(o.status == status for o in outcomes) for status in ("ran", "skipped", "failed")}
     print(
         f"doc examples: {counts['ran']} ran, {counts['skipped']} skipped, {counts['failed']} failed "

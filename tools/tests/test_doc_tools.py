@@ -112,6 +112,22 @@ def test_a_block_that_runs_too_long_is_stopped(tmp_path: pathlib.Path) -> None:
     assert outcome.status == "failed" and "timed out after 1 s" in outcome.detail and outcome.seconds < 10
 
 
+def test_pages_run_two_at_a_time_and_are_reported_in_page_order(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mark = tmp_path / "second-ran"
+    first = tmp_path / "first.md"  # waits (10 s at most) for the second page: only passes side by side
+    first.write_text(f"```bash\nfor i in $(seq 100); do [ -f {mark} ] && break; sleep 0.1; done\ntest -f {mark}\n```\n")
+    second = tmp_path / "second.md"
+    second.write_text(f"```bash\ntouch {mark}\n```\n")
+    assert run_doc_examples.main([str(first), str(second), "--jobs", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.index("first.md") < printed.index("second.md")  # page order, though the second ended first
+    assert "2 ran, 0 skipped, 0 failed over 2 pages" in printed
+    with pytest.raises(SystemExit):
+        run_doc_examples.main([str(first), "--jobs", "0"])
+
+
 def _fake_package(monkeypatch: pytest.MonkeyPatch) -> None:
     module = types.ModuleType("fake_package")
     module.__name__ = "fake_package"
