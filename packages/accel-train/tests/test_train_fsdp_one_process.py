@@ -160,23 +160,61 @@ def test_launched_one_process_checkpoint_resumes_exactly(
     assert _accel_steps(accelerator, model, optimizer, batches[2:]) == after_save
 
 
-@pytest.mark.parametrize("version", [1, 2])
-def test_launched_one_process_refuses_a_save_between_accumulation_steps(tmp_path, version: int) -> None:
-    # FSDP1 keeps the gathered gradients in its flat buffers; FSDP2 on one process did not resume exactly
-    # from there when tried, so both are refused by name (several FSDP2 processes save and resume them)
+def _accumulating_run(version: int):
     from accel_train import Accelerator
 
     with patch_environment(LOCAL_RANK="0"):
         accelerator = Accelerator(
             cpu=True, gradient_accumulation_steps=2, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=version)
         )
+        torch.manual_seed(0)
         model = GainNet()
-        model, _ = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    x, y = regression_batches(1, 4)[0]
-    with accelerator.accumulate(model):
-        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = accelerator.prepare(model, optimizer)
+    return accelerator, model, optimizer
+
+
+def _micro_steps(accelerator, model, optimizer, batches) -> None:
+    for x, y in batches:
+        with accelerator.accumulate(model):
+            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+def test_launched_one_process_fsdp1_refuses_a_save_between_accumulation_steps(tmp_path) -> None:
+    # FSDP1 keeps the gathered gradients in its flat buffers: they cannot be written and put back
+    accelerator, model, optimizer = _accumulating_run(1)
+    _micro_steps(accelerator, model, optimizer, regression_batches(1, 4))
     with pytest.raises(ValueError, match="between two optimizer steps of gradient accumulation"):
         accelerator.save_state(str(tmp_path / "mid"))
+
+
+def test_launched_one_process_fsdp2_resumes_exactly_between_accumulation_steps(tmp_path) -> None:
+    """On one process accumulation keeps gradient sync on, so each micro-step's gradient is already in
+    the sharded ``param.grad``: the save keeps it and the load puts it back."""
+    batches = regression_batches(5, 4)
+    accelerator, model, optimizer = _accumulating_run(2)
+    _micro_steps(accelerator, model, optimizer, batches[:1])  # half of an accumulation cycle
+    folder = str(tmp_path / "mid")
+    accelerator.save_state(folder)
+    from accel_train.checkpointing import grads_file
+
+    assert grads_file(0) in os.listdir(folder)
+    _micro_steps(accelerator, model, optimizer, batches[1:])
+    straight = [_full(p).clone() for p in model.parameters()]
+    accelerator.load_state(folder)
+    _micro_steps(accelerator, model, optimizer, batches[1:])
+    resumed = [_full(p) for p in model.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(straight, resumed))
+
+    # without the saved gradient the resume parts: the check above can tell
+    accelerator.load_state(folder)
+    optimizer.zero_grad()
+    for param in model.parameters():
+        param.grad = None
+    _micro_steps(accelerator, model, optimizer, batches[1:])
+    assert not all(torch.equal(a, _full(b)) for a, b in zip(straight, model.parameters()))
 
 
 # -- the one-rank group -----------------------------------------------------------------------------

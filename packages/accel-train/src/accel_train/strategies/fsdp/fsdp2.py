@@ -270,9 +270,17 @@ def _fsdp2_parameters(models: Sequence[torch.nn.Module]) -> Iterator[tuple[str, 
                     yield f"{index}.{names.get(id(fsdp_param.sharded_param), fsdp_param._param_fqn)}", fsdp_param
 
 
+#: suffix of a saved gradient that is this process's shard of ``param.grad`` (see unsharded_gradients)
+SHARDED_GRAD_SUFFIX = "#sharded"
+
+
 def unsharded_gradients(models: Sequence[torch.nn.Module]) -> dict[str, torch.Tensor]:
-    """The gradients FSDP2 holds between two optimizer steps of gradient accumulation: while gradient
-    sync is off they stay unsharded on each process (its own micro-batches' sum), outside ``param.grad``.
+    """The gradients FSDP2 holds between two optimizer steps of gradient accumulation, per process.
+
+    While gradient sync is off they stay unsharded on each process (its own micro-batches' sum), outside
+    ``param.grad``. Where it stayed on (one process: accumulation does not turn it off, as there is
+    nothing to synchronise with) each backward reduce-scattered into the sharded ``param.grad``: this
+    process's shard is saved then, under the key with :data:`SHARDED_GRAD_SUFFIX`.
 
     Args:
         models: the sharded models, in order.
@@ -286,6 +294,9 @@ def unsharded_gradients(models: Sequence[torch.nn.Module]) -> dict[str, torch.Te
         if grad is None and hasattr(fsdp_param, "_unsharded_param"):
             grad = fsdp_param._unsharded_param.grad
         if grad is None:
+            sharded = fsdp_param.sharded_param.grad
+            if sharded is not None:
+                grads[key + SHARDED_GRAD_SUFFIX] = sharded.to_local().detach()
             continue
         if hasattr(grad, "to_local"):
             raise ValueError(
@@ -313,6 +324,17 @@ def restore_unsharded_gradients(models: Sequence[torch.nn.Module], grads: dict[s
             dtype = fsdp_param.reduce_dtype or fsdp_param.orig_dtype
             saved = saved.to(device=fsdp_param.sharded_param.device, dtype=dtype).clone()
         fsdp_param.unsharded_accumulated_grad = saved
+        shard = None if grads is None else grads.get(key + SHARDED_GRAD_SUFFIX)
+        param = fsdp_param.sharded_param
+        if shard is None:
+            param.grad = None
+            continue
+        from torch.distributed.tensor import DTensor
+
+        local = shard.to(device=param.device, dtype=param.dtype).clone()
+        param.grad = DTensor.from_local(
+            local, param.device_mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride()
+        )
 
 
 @contextlib.contextmanager

@@ -452,18 +452,6 @@ class FSDPStrategy(Strategy):
                 "(the gradients gathered so far live in FSDP's unsharded buffers); call it after the "
                 "optimizer step of a sync step (when accelerator.sync_gradients is True), or use fsdp_version=2"
             )
-        if (
-            self.state.num_processes == 1
-            and not GradientState().sync_gradients
-            and any(_is_fsdp2(m) for m in self._models)
-        ):
-            # FSDP2 on a one-process group: a resume from between two micro-steps was not exact when tried
-            # (the several-process case is tested exact); refused by name until it is
-            raise ValueError(
-                "save_state between two optimizer steps of gradient accumulation is not supported with FSDP2 on "
-                "one process (the resume would not be exact); call it after the optimizer step of a sync step "
-                "(when accelerator.sync_gradients is True)"
-            )
         return None if self._sharded_checkpoints else self.model_state_dict(model)
 
     def save_model_checkpoint(
