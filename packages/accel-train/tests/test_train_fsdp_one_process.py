@@ -160,6 +160,38 @@ def test_launched_one_process_checkpoint_resumes_exactly(
     assert _accel_steps(accelerator, model, optimizer, batches[2:]) == after_save
 
 
+@pytest.mark.parametrize(("version", "use_orig_params"), [(1, True), (1, False), (2, True)])
+def test_a_bf16_model_under_mixed_precision_trains_as_its_float32_copy(version: int, use_orig_params: bool) -> None:
+    """The weights are upcast to float32 at prepare (FSDP1 on its flat shards, FSDP2 before sharding):
+    a model loaded in bf16 then trains exactly as the same values loaded in float32, with float32
+    optimizer state, instead of keeping bf16 master weights."""
+    from accel_train import Accelerator
+
+    batches = regression_batches(4, 8)
+    runs = []
+    for loaded in (torch.bfloat16, torch.float32):
+        with patch_environment(LOCAL_RANK="0"):
+            plugin = FullyShardedDataParallelPlugin(fsdp_version=version, use_orig_params=use_orig_params)
+            accelerator = Accelerator(cpu=True, mixed_precision="bf16", fsdp_plugin=plugin)
+            torch.manual_seed(0)
+            model = GainNet().to(torch.bfloat16).to(loaded)  # bf16 values either way
+            optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+            if loaded is torch.bfloat16:
+                with pytest.warns(UserWarning, match="upcast .* low-precision parameter"):
+                    model, optimizer = accelerator.prepare(model, optimizer)
+            else:
+                model, optimizer = accelerator.prepare(model, optimizer)
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
+        losses = _accel_steps(accelerator, model, optimizer, batches)
+        state = {k: v.float() for k, v in accelerator.get_state_dict(model).items()}
+        runs.append((losses, state))
+        fsdp_group.destroy_single_process_group()
+        reset_shared_state()
+    (bf16_losses, bf16_state), (fp32_losses, fp32_state) = runs
+    assert bf16_losses == fp32_losses
+    assert all(torch.equal(bf16_state[k], fp32_state[k]) for k in fp32_state)
+
+
 def _accumulating_run(version: int):
     from accel_train import Accelerator
 

@@ -32,7 +32,7 @@ import torch
 from accel_train import checkpointing as ckpt
 from accel_train.precisions.base import Precision
 from accel_train.strategies.base import CheckpointEntry, ParallelDims, Strategy
-from accel_train.strategies.fsdp import fsdp2
+from accel_train.strategies.fsdp import fsdp1, fsdp2
 from accel_train.strategies.fsdp import group as fsdp_group
 from accel_train.strategies.fsdp import state as fsdp_state
 from accel_train.strategies.fsdp.plugin import setting_name
@@ -278,6 +278,8 @@ class FSDPStrategy(Strategy):
             self._mesh = self._hybrid_mesh()
             kwargs["device_mesh"] = self._mesh
         wrapped = FSDP(model, **kwargs)
+        if self.precision.mixed_precision_dtypes()[0] is not None:  # mixed precision: fp32 weights, as FSDP2
+            fsdp1.upcast_flat_parameters(wrapped)
         if self._mesh is None:
             from torch.distributed.device_mesh import init_device_mesh
 
