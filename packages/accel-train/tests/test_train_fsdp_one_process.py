@@ -192,6 +192,36 @@ def test_a_bf16_model_under_mixed_precision_trains_as_its_float32_copy(version: 
     assert all(torch.equal(bf16_state[k], fp32_state[k]) for k in fp32_state)
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_full_checkpoint_in_the_reference_release_layout_loads(tmp_path, version: int) -> None:
+    """The reference release writes an FSDP ``FULL_STATE_DICT`` model as ``pytorch_model_fsdp.bin`` (a
+    torch file of the full state dict) and the optimizer as ``optimizer.bin`` (torch's full optimizer
+    state dict, keyed by parameter name). A checkpoint laid out so resumes exactly here."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    batches = regression_batches(4, 8)
+    accelerator, model, optimizer = _accel_run(version, "FULL_STATE_DICT")
+    _accel_steps(accelerator, model, optimizer, batches[:2])
+    folder = tmp_path / "ckpt"
+    accelerator.save_state(str(folder))
+    after_save = _accel_steps(accelerator, model, optimizer, batches[2:])
+
+    # rewrite the model and optimizer files as the reference release names and writes them
+    from accel_train.checkpoint_io import load_weights
+
+    weights = load_weights(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    torch.save(weights, folder / "pytorch_model_fsdp.bin")
+    accelerator.load_state(str(folder))  # back to the saved point, then the optimizer state by name
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    inner = accelerator.unwrap_model(model, keep_torch_compile=False) if version == 2 else model
+    torch.save(get_optimizer_state_dict(inner, optimizer.optimizer, options=options), folder / "optimizer.bin")
+    assert {"pytorch_model_fsdp.bin", "optimizer.bin"} <= set(os.listdir(folder))
+
+    accelerator.load_state(str(folder))
+    assert _accel_steps(accelerator, model, optimizer, batches[2:]) == after_save
+
+
 def _accumulating_run(version: int):
     from accel_train import Accelerator
 

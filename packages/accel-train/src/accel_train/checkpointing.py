@@ -69,13 +69,15 @@ _OWNED_RE = re.compile(
     r"^((model|pytorch_model)(_\d+)?\.(safetensors|bin)|(optimizer|scheduler|sampler|dl_state_dict)(_\d+)?\.bin"
     r"|scaler\.pt|random_states_\d+\.(pkl|safetensors)|accumulated_grads_\d+\.safetensors|custom_checkpoint_\d+\.pkl"
     r"|accel_checkpoint\.json"
-    r"|pytorch_model_fsdp(_\d+)?|optimizer_\d+|pytorch_model_fsdp_\d+_rank\d+\.bin)$"
+    r"|pytorch_model_fsdp(_\d+)?(\.bin)?|optimizer_\d+|pytorch_model_fsdp_\d+_rank\d+\.bin)$"
 )
 
 #: Regular expressions over folder entries, by kind; the first group that matched is the index.
 MODEL_FILE_PATTERN = r"^(?:model(?:_(\d+))?\.safetensors|pytorch_model(?:_(\d+))?\.bin)$"
 OPTIMIZER_FILE_PATTERN = r"^optimizer(?:_(\d+))?\.bin$"
 SHARDED_MODEL_PATTERN = rf"^{FSDP_MODEL_NAME}(?:_(\d+))?$"
+#: an FSDP ``FULL_STATE_DICT`` model as the reference release writes it (a torch file of the full state dict)
+FSDP_FULL_MODEL_PATTERN = rf"^{FSDP_MODEL_NAME}(?:_(\d+))?\.bin$"
 SHARDED_OPTIMIZER_PATTERN = rf"^{OPTIMIZER_NAME}_(\d+)$"
 
 
@@ -249,7 +251,7 @@ def check_contents(
 #: is never read, so never checked).
 _READ_TORCH_FILE_RE = re.compile(
     r"^(pytorch_model(_\d+)?\.bin|(optimizer|scheduler|sampler|dl_state_dict)(_\d+)?\.bin|scaler\.pt"
-    r"|custom_checkpoint_\d+\.pkl|pytorch_model_fsdp_\d+_rank\d+\.bin)$"
+    r"|custom_checkpoint_\d+\.pkl|pytorch_model_fsdp(_\d+)?\.bin|pytorch_model_fsdp_\d+_rank\d+\.bin)$"
 )
 
 

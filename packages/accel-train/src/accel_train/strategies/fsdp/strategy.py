@@ -434,7 +434,8 @@ class FSDPStrategy(Strategy):
         sharded = self._sharded_checkpoints
         return {
             "model": CheckpointEntry(
-                f"{ckpt.SHARDED_MODEL_PATTERN}|{ckpt.MODEL_FILE_PATTERN}",
+                # the reference release's full file (pytorch_model_fsdp.bin) is read too
+                f"{ckpt.SHARDED_MODEL_PATTERN}|{ckpt.MODEL_FILE_PATTERN}|{ckpt.FSDP_FULL_MODEL_PATTERN}",
                 ckpt.sharded_model_dir if sharded else (lambda i: ckpt.model_file(i, True)),
             ),
             "optimizer": CheckpointEntry(
