@@ -55,7 +55,7 @@ def _install_killer(kill_at: int) -> None:
     import safetensors.torch
     import torch.distributed.checkpoint as dcp
 
-    from accel_train import checkpoint_folders, checkpoint_io
+    from accel_train import checkpoint_io, checkpointing
 
     count = [0]
 
@@ -80,7 +80,7 @@ def _install_killer(kill_at: int) -> None:
         (checkpoint_io, "save_weights"),
         (checkpoint_io, "save_rng"),
         (checkpoint_io, "write_manifest"),
-        (checkpoint_folders, "exchange"),
+        (checkpointing, "_exchange"),
         (dcp, "save"),
         (safetensors.torch, "save_file"),
         (os, "rename"),

@@ -367,7 +367,7 @@ class Checkpointer:
         else:
             input_dir = os.fspath(input_dir)
             if config.automatic_checkpoint_naming:
-                match = ckpt.CHECKPOINT_RE.match(os.path.basename(os.path.normpath(input_dir)))
+                match = ckpt._CHECKPOINT_RE.match(os.path.basename(os.path.normpath(input_dir)))
                 if match:
                     config.iteration = max(config.iteration, int(match.group(1)) + 1)
         folder = ckpt.resolve_input_dir(input_dir)
