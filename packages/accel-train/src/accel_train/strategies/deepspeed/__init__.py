@@ -3,6 +3,7 @@
 - :mod:`.plugin`: ``DeepSpeedPlugin`` (settings, the config dict, launcher variables);
 - :mod:`.config`: translation of plugin fields into a DeepSpeed config, ``"auto"`` filling (pure);
 - :mod:`.strategy`: ``DeepSpeedStrategy`` (engine set-up, training step, checkpoint entries);
+- :mod:`.zero3_state`: full state dicts of a ZeRO-3 partitioned module, gathered or loaded;
 - :mod:`.utils`: the documented ``DummyOptim``, ``HfDeepSpeedConfig``, engine wrappers, ... (also
   ``accel_train.deepspeed_utils`` / ``accel.utils.deepspeed``).
 
@@ -17,8 +18,8 @@ _EXPORTS = {
     "DeepSpeedStrategy": "strategy",
     "EnginePrecision": "strategy",
     "_check_stand_ins": "strategy",
-    "gather_zero3_state_dict": "strategy",
-    "load_zero3_state_dict": "strategy",
+    "gather_zero3_state_dict": "zero3_state",
+    "load_zero3_state_dict": "zero3_state",
 }
 __all__ = ["DeepSpeedStrategy", "EnginePrecision", "gather_zero3_state_dict", "load_zero3_state_dict"]
 

@@ -43,6 +43,7 @@ from accel_train.strategies.deepspeed.utils import (
     import_deepspeed,
     map_pytorch_optim_to_deepspeed,
 )
+from accel_train.strategies.deepspeed.zero3_state import gather_zero3_state_dict, is_frozen_zero3, load_zero3_state_dict
 
 __all__ = ["DeepSpeedStrategy", "EnginePrecision"]
 
@@ -447,7 +448,7 @@ class DeepSpeedStrategy(Strategy):
         if engine is None:
             raise ValueError("save_state under DeepSpeed saves models prepared by this Accelerator (DeepSpeed engines)")
         tag = _engine_tag(index)
-        if _is_frozen_zero3(engine):
+        if is_frozen_zero3(engine):
             # DeepSpeed writes nothing for a ZeRO-3 engine without optimizer: gather and write the weights.
             weights = gather_zero3_state_dict(engine.module)
             if is_writer:
@@ -464,7 +465,7 @@ class DeepSpeedStrategy(Strategy):
         if engine is None:
             raise ValueError("load_state under DeepSpeed loads into models prepared by this Accelerator")
         frozen = os.path.join(folder, entry, _FROZEN_WEIGHTS)
-        if _is_frozen_zero3(engine) and os.path.isfile(frozen):
+        if is_frozen_zero3(engine) and os.path.isfile(frozen):
             load_zero3_state_dict(engine.module, self.checkpoint_io.load_weights(frozen, "cpu"), strict)
             return
         self.checkpoint_io.load_engine(engine, folder, entry, strict=strict)
@@ -564,60 +565,6 @@ def _split_batches(data_loaders: Sequence[Any]) -> bool:
         if getattr(loader, "split_batches", False) or getattr(sampler, "split_batches", False):
             return True
     return False
-
-
-def gather_zero3_state_dict(module: torch.nn.Module) -> dict[str, Any]:
-    """The full state dict of a ZeRO-3 partitioned module on every rank (CPU tensors), gathering one
-    submodule's parameters at a time."""
-    import deepspeed
-
-    state: dict[str, Any] = {}
-    for prefix, sub in module.named_modules():
-        head = f"{prefix}." if prefix else ""
-        params = [p for p in sub.parameters(recurse=False)]
-        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-            for name, param in sub._parameters.items():
-                if param is not None:
-                    state[head + name] = param.detach().cpu().clone()
-        for name, buffer in sub._buffers.items():
-            if buffer is not None and name not in sub._non_persistent_buffers_set:
-                state[head + name] = buffer.detach().cpu().clone()
-    return state
-
-
-def _is_frozen_zero3(engine: Any) -> bool:
-    """A ZeRO-3 engine prepared without optimizer (inference, a frozen teacher)."""
-    return engine.zero_optimization_partition_weights() and type(engine.optimizer).__name__ == "DeepSpeedZeRoOffload"
-
-
-def load_zero3_state_dict(module: torch.nn.Module, state: dict[str, Any], strict: bool = True) -> None:
-    """Copy a full state dict into a ZeRO-3 partitioned module, one submodule at a time (every rank
-    calls it; rank 0's values are partitioned to all)."""
-    import deepspeed
-    import torch.distributed as dist
-
-    expected = set()
-    for prefix, sub in module.named_modules():
-        head = f"{prefix}." if prefix else ""
-        params = [p for p in sub.parameters(recurse=False)]
-        with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
-            if dist.get_rank() == 0:
-                for name, param in sub._parameters.items():
-                    if param is not None and head + name in state:
-                        param.data.copy_(state[head + name])
-        for name, param in sub._parameters.items():
-            if param is not None:
-                expected.add(head + name)
-        for name, buffer in sub._buffers.items():
-            if buffer is not None and name not in sub._non_persistent_buffers_set:
-                expected.add(head + name)
-                if head + name in state:
-                    buffer.data.copy_(state[head + name])
-    if strict and set(state) != expected:
-        raise KeyError(
-            f"state dict does not match the model: missing {sorted(expected - set(state))}, "
-            f"unexpected {sorted(set(state) - expected)}"
-        )
 
 
 def _free_port() -> int:
