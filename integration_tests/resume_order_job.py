@@ -1,11 +1,11 @@
 """What a script written for the documented system reads after ``load_state``: batches and random draws.
 
-Run as ``resume_order_job.py PHASE FOLDER SAVE_EPOCH SAVE_STEP [seedable] [replay]`` on accel, or with
+Run as ``resume_order_job.py PHASE FOLDER SAVE_EPOCH SAVE_STEP [seedable] [stateful] [replay]`` on accel, or with
 ``RESUME_ORDER_LIB=accelerate`` on the documented system (``tools/record_resume_order_reference.py``
 records its figures there). ``save`` runs three epochs of a shuffled loader and saves the state after
 ``SAVE_STEP`` batches of epoch ``SAVE_EPOCH``; ``resume`` loads that state and goes on as the
 documented checkpointing guide does: ``skip_first_batches`` for the rest of the interrupted epoch, the
-prepared loader after it. Each process writes ``FOLDER/PHASE.RANK.json``: one ``[epoch, step, batch,
+prepared loader after it (with ``stateful``, ``use_stateful_dataloader=True``: the loader alone). Each process writes ``FOLDER/PHASE.RANK.json``: one ``[epoch, step, batch,
 draw]`` per step, ``draw`` a number taken from torch's generator at the step (as dropout would).
 """
 
@@ -33,6 +33,12 @@ REFERENCE_CASES: dict[str, tuple[int, int, int, tuple[str, ...]]] = {
     "two-processes-epoch-0": (2, 0, 3, ()),
     "two-processes-seedable-epoch-1": (2, 1, 2, ("seedable",)),
 }
+#: use_stateful_dataloader=True (recorded too): accel's resume continues the uninterrupted run exactly, the
+#: documented system's 1.15 does not; on one process accel's loader shuffles with a generator of its own
+STATEFUL_CASES: dict[str, tuple[int, int, int, tuple[str, ...]]] = {
+    "one-process-stateful-epoch-1": (1, 1, 2, ("stateful",)),
+    "two-processes-stateful-epoch-1": (2, 1, 2, ("stateful",)),
+}
 #: accel's replay opt-in, which the documented system lacks: the resumed run equals the uninterrupted one
 REPLAY_CASES: dict[str, tuple[int, int, int, tuple[str, ...]]] = {
     "one-process-replay-epoch-1": (1, 1, 2, ("replay",)),
@@ -43,7 +49,7 @@ REPLAY_CASES: dict[str, tuple[int, int, int, tuple[str, ...]]] = {
 def main() -> None:
     phase, folder, save_epoch, save_step = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     options = set(sys.argv[5:])
-    config = {"use_seedable_sampler": "seedable" in options}
+    config = {"use_seedable_sampler": "seedable" in options, "use_stateful_dataloader": "stateful" in options}
     if "replay" in options:
         config["replay_epoch_on_resume"] = True  # accel's opt-in (the documented system has none)
     set_seed(0)
@@ -57,7 +63,9 @@ def main() -> None:
     log = []
     for epoch in range(first_epoch, EPOCHS):
         resuming = phase == "resume" and epoch == save_epoch
-        batches = accelerator.skip_first_batches(loader, save_step) if resuming else loader
+        # a stateful loader continues at the saved batch by itself: the script does not skip
+        skip = resuming and "stateful" not in options
+        batches = accelerator.skip_first_batches(loader, save_step) if skip else loader
         for step, batch in enumerate(batches, start=save_step if resuming else 0):
             log.append([epoch, step, batch.tolist(), round(torch.rand(1).item(), 8)])
             if phase == "save" and (epoch, step + 1) == (save_epoch, save_step):

@@ -6,7 +6,9 @@ with ``skip_first_batches``, as the documented checkpointing guide shows. On one
 equals the figures recorded on Hugging Face Accelerate 1.15 (``reference/resume_order.json``, from
 ``tools/record_resume_order_reference.py``): the loader is left as prepared, so the resumed epoch's
 order, and the random numbers after it, are the documented system's. With accel's opt-in
-``replay_epoch_on_resume=True`` the resumed run instead continues the uninterrupted one exactly.
+``replay_epoch_on_resume=True`` the resumed run instead continues the uninterrupted one exactly, and
+so does it with the documented ``use_stateful_dataloader=True`` (where Accelerate 1.15's resumed order
+parts from its uninterrupted run: recorded, not copied).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import sys
 
 import pytest
 from conftest import ROOT, accel_command, run_command
-from resume_order_job import REFERENCE_CASES, REPLAY_CASES
+from resume_order_job import REFERENCE_CASES, REPLAY_CASES, STATEFUL_CASES
 
 JOB = str(ROOT / "integration_tests" / "resume_order_job.py")
 REFERENCE = json.loads((ROOT / "integration_tests" / "reference" / "resume_order.json").read_text())
@@ -49,11 +51,24 @@ def test_the_resumed_run_reads_what_the_documented_system_reads(tmp_path: pathli
             assert figures[phase][rank] == log, (phase, rank)
 
 
-@pytest.mark.parametrize("name", sorted(REPLAY_CASES))
-def test_the_replay_opt_in_continues_the_uninterrupted_run(tmp_path: pathlib.Path, name: str) -> None:
-    processes, epoch, step, options = REPLAY_CASES[name]
-    figures = run_case(tmp_path, processes, epoch, step, options)
+def _continues(figures: dict, processes: int, epoch: int, step: int) -> None:
+    """Each process's resumed run reads exactly what its uninterrupted run read from the saved step on."""
     for rank in range(processes):
         uninterrupted = figures["save"][str(rank)]
         resumed_from = next(i for i, (e, s, _, _) in enumerate(uninterrupted) if (e, s) == (epoch, step))
         assert figures["resume"][str(rank)] == uninterrupted[resumed_from:], rank
+
+
+@pytest.mark.parametrize("name", sorted(REPLAY_CASES))
+def test_the_replay_opt_in_continues_the_uninterrupted_run(tmp_path: pathlib.Path, name: str) -> None:
+    processes, epoch, step, options = REPLAY_CASES[name]
+    _continues(run_case(tmp_path, processes, epoch, step, options), processes, epoch, step)
+
+
+@pytest.mark.parametrize("name", sorted(STATEFUL_CASES))
+def test_the_stateful_opt_in_continues_the_uninterrupted_run(tmp_path: pathlib.Path, name: str) -> None:
+    processes, epoch, step, options = STATEFUL_CASES[name]
+    figures = run_case(tmp_path, processes, epoch, step, options)
+    _continues(figures, processes, epoch, step)
+    if processes > 1:  # sharded, the loader owns its generator in both systems: the same uninterrupted run
+        assert figures["save"] == REFERENCE["cases"][name]["save"]

@@ -1,7 +1,7 @@
 """Record what the documented system's resumed loaders read, for ``test_resume_order_reference.py``.
 
-Runs ``integration_tests/resume_order_job.py`` on Hugging Face Accelerate (its ``REFERENCE_CASES``: one
-and two CPU processes through ``torch.distributed.run``) and stores every process's batches and random
+Runs ``integration_tests/resume_order_job.py`` on Hugging Face Accelerate (its ``REFERENCE_CASES`` and
+``STATEFUL_CASES``: one and two CPU processes through ``torch.distributed.run``; torchdata installed) and stores every process's batches and random
 draws of the ``save`` and ``resume`` phases in ``integration_tests/reference/resume_order.json``. CI
 compares accel's runs with that file and installs no second stack.
 
@@ -26,7 +26,7 @@ JOB = ROOT / "integration_tests" / "resume_order_job.py"
 STORE = ROOT / "integration_tests" / "reference" / "resume_order.json"
 sys.path.insert(0, str(JOB.parent))
 
-from resume_order_job import REFERENCE_CASES  # noqa: E402
+from resume_order_job import REFERENCE_CASES, STATEFUL_CASES  # noqa: E402
 
 
 def run_case(python: str, processes: int, args: list[str]) -> dict[str, dict[str, list]]:
@@ -59,7 +59,7 @@ def main() -> None:
     ).stdout.split()
     figures = {
         name: run_case(args.python, processes, [str(epoch), str(step), *options])
-        for name, (processes, epoch, step, options) in REFERENCE_CASES.items()
+        for name, (processes, epoch, step, options) in {**REFERENCE_CASES, **STATEFUL_CASES}.items()
     }
     STORE.parent.mkdir(parents=True, exist_ok=True)
     STORE.write_text(json.dumps({"accelerate": version[0], "torch": version[1], "cases": figures}, indent=1) + "\n")
