@@ -7,8 +7,8 @@ compares accel's runs with that file and installs no second stack.
 
     python tools/record_resume_order_reference.py [--python .venv-reference/bin/python]
 
-The reference venv holds accelerate 1.15.0 and this repository's torch
-(``uv pip install -c tools/constraints.txt torch==2.13.0 accelerate==1.15.0``).
+The reference venv holds accelerate 1.15.0, torchdata (for ``use_stateful_dataloader``) and this
+repository's torch (``uv pip install -c tools/constraints.txt torch==2.13.0 accelerate==1.15.0 torchdata``).
 """
 
 from __future__ import annotations
