@@ -39,14 +39,7 @@ def upcast_flat_parameters(model: torch.nn.Module) -> list[str]:
         if handle._use_orig_params:
             handle._use_sharded_views()  # the original parameters are views into the flat one: new dtype
         upcast.extend(flat._fqns)
-    if upcast:
-        import warnings
+    from accel_train.strategies.fsdp.fsdp2 import warn_upcast
 
-        shown = ", ".join(upcast[:8]) + (f" and {len(upcast) - 8} more" if len(upcast) > 8 else "")
-        warnings.warn(
-            f"FSDP with mixed precision keeps float32 weights: upcast {len(upcast)} low-precision parameter(s) "
-            f"({shown}) to float32; compute stays in the mixed-precision dtype, and checkpoints hold float32",
-            UserWarning,
-            stacklevel=3,
-        )
+    warn_upcast(upcast)
     return upcast

@@ -46,6 +46,7 @@ __all__ = [
     "unsharded_gradients",
     "units_of_one_dtype",
     "upcast_to_float32",
+    "warn_upcast",
 ]
 
 logger = logging.getLogger(__name__)
@@ -196,17 +197,27 @@ def upcast_to_float32(model: torch.nn.Module) -> list[str]:
         if param.is_floating_point() and param.dtype != torch.float32:
             param.data = param.data.to(torch.float32)
             upcast.append(name)
-    if upcast:
-        import warnings
-
-        shown = ", ".join(upcast[:8]) + (f" and {len(upcast) - 8} more" if len(upcast) > 8 else "")
-        warnings.warn(
-            f"FSDP with mixed precision keeps float32 weights: upcast {len(upcast)} low-precision parameter(s) "
-            f"({shown}) to float32; compute stays in the mixed-precision dtype, and checkpoints hold float32",
-            UserWarning,
-            stacklevel=3,
-        )
+    warn_upcast(upcast)
     return upcast
+
+
+def warn_upcast(names: Sequence[str]) -> None:
+    """Warn once, naming (the first few of) the parameters FSDP upcast to float32 (nothing when none).
+
+    Args:
+        names: the parameters upcast, by name.
+    """
+    if not names:
+        return
+    import warnings
+
+    shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    warnings.warn(
+        f"FSDP with mixed precision keeps float32 weights: upcast {len(names)} low-precision parameter(s) "
+        f"({shown}) to float32; compute stays in the mixed-precision dtype, and checkpoints hold float32",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 def units_of_one_dtype(model: torch.nn.Module, units: Sequence[torch.nn.Module]) -> list[torch.nn.Module]:
