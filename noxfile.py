@@ -22,6 +22,11 @@ import sys
 import nox
 import tomllib
 
+# Let Python keep the bytecode of what it imports in each session's venv. A machine that sets
+# PYTHONDONTWRITEBYTECODE (CI's does) makes every process the tests launch compile torch and the rest
+# from source again: 2.7 s to import torch and accel_train instead of 1.3 s, hundreds of times a run.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 ROOT = pathlib.Path(__file__).resolve().parent
 PACKAGES = ROOT / "packages"
 REPORTS = ROOT / ".nox-reports"
