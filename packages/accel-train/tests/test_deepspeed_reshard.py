@@ -11,6 +11,10 @@ import pytest
 from accel_train.strategies.deepspeed import reshard
 
 
+def _never_loads(*args: object, **kwargs: object) -> None:
+    raise AssertionError("a failed conversion must not reach the engine's load")
+
+
 def test_conversion_folder_lies_next_to_the_checkpoint(tmp_path) -> None:
     assert reshard.universal_dir(str(tmp_path / "ckpt")) == str(tmp_path / ".ckpt.universal")
     assert reshard.universal_dir(str(tmp_path / "ckpt") + "/") == str(tmp_path / ".ckpt.universal")
@@ -43,5 +47,7 @@ def test_failed_conversion_is_raised_without_a_process_group(tmp_path, monkeypat
 
     monkeypatch.setattr(reshard, "_convert", broken)
     with pytest.raises(AssertionError, match="universal_checkpoint_info"):
-        reshard.load_resharded(object(), str(folder), "pytorch_model", lambda path: None, (), is_main_process=True)
+        reshard.load_resharded(
+            object(), str(folder), "pytorch_model", lambda path: None, (), _never_loads, is_main_process=True
+        )
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]

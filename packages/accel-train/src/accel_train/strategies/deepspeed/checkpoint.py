@@ -76,6 +76,7 @@ class DeepSpeedCheckpointIO(CheckpointIO):
             tag,
             self.check_file,
             _resolve(DEEPSPEED_CHECKPOINT_GLOBALS),
+            super().load_engine,
             is_main_process=_is_main_process(),
             strict=strict,
         )

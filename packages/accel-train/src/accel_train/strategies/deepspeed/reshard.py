@@ -160,6 +160,7 @@ def load_resharded(
     tag: str,
     check_file: Callable[[str], None],
     allowed: tuple[Any, ...],
+    load_engine: Callable[..., None],
     *,
     is_main_process: bool,
     strict: bool = True,
@@ -172,6 +173,8 @@ def load_resharded(
         tag: the engine's folder inside it (``pytorch_model``).
         check_file: refuses a ``torch.save`` file that names a global outside the allow-list.
         allowed: the DeepSpeed types of that allow-list (the module's buffers are read with them).
+        load_engine: reads a checked engine folder into the engine,
+            ``load_engine(engine, folder, tag, strict=...)`` (``CheckpointIO.load_engine``).
         is_main_process: whether this process converts (one per run; the folder is shared).
         strict: every model key must match.
 
@@ -204,17 +207,9 @@ def load_resharded(
         previous = config.load_universal_checkpoint
         config.load_universal_checkpoint = True
         try:
-            path, _ = engine.load_checkpoint(
-                target,
-                tag=tag,
-                load_module_strict=strict,
-                load_optimizer_states=engine.optimizer is not None,
-                load_lr_scheduler_states=engine.lr_scheduler is not None,
-            )
+            load_engine(engine, target, tag, strict=strict)
         finally:
             config.load_universal_checkpoint = previous
-        if path is None:
-            raise FileNotFoundError(f"DeepSpeed found no checkpoint {tag!r} in the conversion {target}")
         _load_buffers(engine.module, os.path.join(checkpoint_folder, tag), allowed)
     finally:
         _agree(True)  # every process has read the converted files
