@@ -15,6 +15,7 @@ import os
 import pytest
 import torch
 from fsdp_helpers import BlockNet, crafted_torch_file, replace_dcp_item
+from train_helpers import regression_dataset, train_epoch
 
 from accel_state.imports import is_deepspeed_available
 from accel_state.testing import reset_shared_state
@@ -35,19 +36,6 @@ class _Exploit:
 
 
 # -- resharding ------------------------------------------------------------------------------------
-
-
-class _Samples(torch.utils.data.Dataset):
-    def __init__(self, count: int) -> None:
-        generator = torch.Generator().manual_seed(0)
-        self.x = torch.randn(count, 4, generator=generator)
-        self.y = self.x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.3
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, index: int):
-        return self.x[index], self.y[index]
 
 
 class PlannedBlockNet(BlockNet):
@@ -108,7 +96,9 @@ def rank_run(backend: str, folder: str, save_at: int | None, load: bool) -> dict
     model = PlannedBlockNet()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
-    loader = torch.utils.data.DataLoader(_Samples(GLOBAL_BATCH * STEPS), batch_size=GLOBAL_BATCH // data_parallel)
+    loader = torch.utils.data.DataLoader(
+        regression_dataset(GLOBAL_BATCH * STEPS), batch_size=GLOBAL_BATCH // data_parallel
+    )
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     out: dict = {}
     start = 0
@@ -182,14 +172,8 @@ def rank_fsdp_crafted(folder: str, marker: str) -> list[dict]:
     torch.manual_seed(0)
     model = BlockNet()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    loader = torch.utils.data.DataLoader(_Samples(16), batch_size=4)
+    loader = torch.utils.data.DataLoader(regression_dataset(16), batch_size=4)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-
-    def train() -> None:
-        for x, y in loader:
-            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
-            optimizer.step()
-            optimizer.zero_grad()
 
     def snapshot() -> list[torch.Tensor]:
         params = [v.detach().clone() for v in accelerator.get_state_dict(model).values()]
@@ -201,7 +185,7 @@ def rank_fsdp_crafted(folder: str, marker: str) -> list[dict]:
         ]
         return params + moments
 
-    train()
+    train_epoch(accelerator, model, optimizer, loader)
     accelerator.save_state(folder)
     results = []
     for case in ("model_first", "optimizer_last", "missing_file"):
@@ -215,7 +199,9 @@ def rank_fsdp_crafted(folder: str, marker: str) -> list[dict]:
             else:
                 os.remove(os.path.join(damaged, "optimizer_0", "__1_0.distcp"))
         dist.barrier()
-        train()  # so that a load would visibly change the model and the optimizer
+        train_epoch(
+            accelerator, model, optimizer, loader
+        )  # so that a load would visibly change the model and the optimizer
         before = snapshot()
         error = ""
         try:
@@ -268,16 +254,10 @@ def rank_deepspeed_crafted(stage: int, folder: str, craft: str, marker: str) -> 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    loader = torch.utils.data.DataLoader(_Samples(16), batch_size=4)
+    loader = torch.utils.data.DataLoader(regression_dataset(16), batch_size=4)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 
-    def train() -> None:
-        for x, y in loader:
-            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
-            optimizer.step()
-            optimizer.zero_grad()
-
-    train()
+    train_epoch(accelerator, model, optimizer, loader)
     accelerator.save_state(folder)
     accelerator.wait_for_everyone()
     tag = os.path.join(folder, "pytorch_model")
@@ -285,7 +265,7 @@ def rank_deepspeed_crafted(stage: int, folder: str, craft: str, marker: str) -> 
         name = next(n for n in sorted(os.listdir(tag)) if craft in n)
         torch.save({"module": _Exploit(marker)}, os.path.join(tag, name))
     accelerator.wait_for_everyone()
-    train()
+    train_epoch(accelerator, model, optimizer, loader)
     before = {k: v.detach().float().clone() for k, v in accelerator.get_state_dict(model).items()}
     error = ""
     try:

@@ -16,6 +16,7 @@ import os
 
 import pytest
 import torch
+from train_helpers import regression_dataset, train_epoch
 
 from accel_state.imports import is_deepspeed_available
 from accel_state.testing import reset_shared_state
@@ -28,19 +29,6 @@ pytestmark = [
 GLOBAL_BATCH = 8
 STEPS = 6
 SAVE_AT = 3
-
-
-class _Samples(torch.utils.data.Dataset):
-    def __init__(self, count: int) -> None:
-        generator = torch.Generator().manual_seed(0)
-        self.x = torch.randn(count, 4, generator=generator)
-        self.y = self.x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.3
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, index: int):
-        return self.x[index], self.y[index]
 
 
 class _Net(torch.nn.Module):
@@ -75,7 +63,7 @@ def rank_run(stage: int, folder: str, save: bool) -> dict:
     model = _model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
-    loader = torch.utils.data.DataLoader(_Samples(GLOBAL_BATCH * STEPS), batch_size=GLOBAL_BATCH // world)
+    loader = torch.utils.data.DataLoader(regression_dataset(GLOBAL_BATCH * STEPS), batch_size=GLOBAL_BATCH // world)
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     out: dict = {}
     start = 0
@@ -197,22 +185,16 @@ def rank_offload(stage: int, folder: str, marker: str) -> dict:
     accelerator = Accelerator(deepspeed_plugin=plugin)
     model = _model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    loader = torch.utils.data.DataLoader(_Samples(16), batch_size=4)
+    loader = torch.utils.data.DataLoader(regression_dataset(16), batch_size=4)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-
-    def train() -> None:
-        for x, y in loader:
-            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
-            optimizer.step()
-            optimizer.zero_grad()
 
     def state() -> dict:
         return {k: v.detach().float().clone() for k, v in accelerator.get_state_dict(model).items()}
 
-    train()
+    train_epoch(accelerator, model, optimizer, loader)
     saved = state()
     accelerator.save_state(folder)
-    train()
+    train_epoch(accelerator, model, optimizer, loader)
     trained_on = state()
     accelerator.load_state(folder)  # DeepSpeed's own offload checkpoint: must load
     back = state()
@@ -223,7 +205,7 @@ def rank_offload(stage: int, folder: str, marker: str) -> dict:
         name = next(n for n in files if "optim_states" in n)
         torch.save({"optimizer_state_dict": _Exploit(marker)}, os.path.join(tag, name))
     accelerator.wait_for_everyone()
-    train()
+    train_epoch(accelerator, model, optimizer, loader)
     before = state()
     error = ""
     try:

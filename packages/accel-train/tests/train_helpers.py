@@ -27,3 +27,11 @@ def regression_dataset(n: int = 48, seed: int = 0) -> torch.utils.data.TensorDat
 
 def flat_params(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten().cpu() for p in model.parameters()])
+
+
+def train_epoch(accelerator, model: torch.nn.Module, optimizer, loader) -> None:
+    """One pass over ``loader``: MSE loss, ``accelerator.backward``, an optimizer step per batch."""
+    for x, y in loader:
+        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
