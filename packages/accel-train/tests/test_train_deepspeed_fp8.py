@@ -8,6 +8,7 @@ import importlib.util
 
 import pytest
 import torch
+from train_helpers import fp8_mlp
 
 from accel_state.imports import is_deepspeed_available
 from accel_state.testing import DistributedPool, reset_shared_state
@@ -21,19 +22,6 @@ STEPS = 8
 BATCH = 8
 
 
-def _model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(32, 64),
-        torch.nn.ReLU(),
-        torch.nn.Linear(64, 64),
-        torch.nn.ReLU(),
-        torch.nn.Linear(64, 64),
-        torch.nn.ReLU(),
-        torch.nn.Linear(64, 16),
-    )
-
-
 def _loader(world: int) -> torch.utils.data.DataLoader:
     generator = torch.Generator().manual_seed(0)
     inputs = torch.randn(BATCH * STEPS * world, 32, generator=generator)
@@ -44,7 +32,7 @@ def _loader(world: int) -> torch.utils.data.DataLoader:
 def _train(accelerator, world: int) -> dict:
     from torchao.float8.float8_linear import Float8Linear
 
-    model = _model()
+    model = fp8_mlp()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, optimizer, loader = accelerator.prepare(model, optimizer, _loader(world))
     dtype = next(p.dtype for p in model.parameters())  # the engine casts the model to bf16

@@ -7,6 +7,7 @@ import importlib.util
 
 import pytest
 import torch
+from train_helpers import fp8_mlp
 
 from accel_train import Accelerator
 from accel_train.kwargs_handlers import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
@@ -14,19 +15,6 @@ from accel_train.kwargs_handlers import AORecipeKwargs, FP8RecipeKwargs, MSAMPRe
 requires_torchao = pytest.mark.skipif(
     importlib.util.find_spec("torchao") is None, reason="torchao is not installed (accel-quant[torchao])"
 )
-
-
-def _model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(32, 64),
-        torch.nn.ReLU(),
-        torch.nn.Linear(64, 64),
-        torch.nn.ReLU(),
-        torch.nn.Linear(64, 64),
-        torch.nn.ReLU(),
-        torch.nn.Linear(64, 16),
-    )
 
 
 def _train(accelerator: Accelerator, model: torch.nn.Module, steps: int = 60) -> list[float]:
@@ -52,7 +40,7 @@ def _train(accelerator: Accelerator, model: torch.nn.Module, steps: int = 60) ->
 def test_fp8_with_torchao_trains_on_cpu() -> None:
     from torchao.float8.float8_linear import Float8Linear
 
-    base = _model()
+    base = fp8_mlp()
     accelerator = Accelerator(cpu=True, mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs()])
     assert accelerator.fp8_backend == "AO"
     model = copy.deepcopy(base)
@@ -73,7 +61,7 @@ def test_fp8_backend_from_launcher_environment(monkeypatch) -> None:
     monkeypatch.setenv("ACCELERATE_FP8_BACKEND", "AO")
     accelerator = Accelerator(cpu=True, mixed_precision="fp8")
     assert accelerator.fp8_backend == "AO"
-    model = accelerator.prepare(_model())
+    model = accelerator.prepare(fp8_mlp())
     assert any(type(m).__name__ == "Float8Linear" for m in model.modules())
 
 
@@ -106,7 +94,7 @@ def rank_fp8_fsdp2(all_gather: bool) -> dict:
         parallelism_config=ParallelismConfig(dp_shard_size=2),
         kwargs_handlers=[AORecipeKwargs(enable_fsdp_float8_all_gather=all_gather)],
     )
-    model = _model()
+    model = fp8_mlp()
     losses = _train(accelerator, model, steps=20)
     return {"losses": losses, "layers": [type(m).__name__ for m in model.modules()]}
 
@@ -118,7 +106,7 @@ def test_fp8_with_torchao_under_fsdp2(dist_pool, all_gather: bool) -> None:
     assert results[0]["layers"].count("Float8Linear") == 2
     assert results[0]["losses"] == results[1]["losses"]  # one model, sharded over the two ranks
     # both ranks see the whole batch, so the run follows the single-process FP8 run
-    single = _train(Accelerator(cpu=True, mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs()]), _model(), 20)
+    single = _train(Accelerator(cpu=True, mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs()]), fp8_mlp(), 20)
     assert results[0]["losses"][-1] < 0.9 * results[0]["losses"][0]
     assert results[0]["losses"][-1] == pytest.approx(single[-1], rel=0.02)
 

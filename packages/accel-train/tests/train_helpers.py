@@ -35,3 +35,17 @@ def train_epoch(accelerator, model: torch.nn.Module, optimizer, loader) -> None:
         accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
         optimizer.step()
         optimizer.zero_grad()
+
+
+def fp8_mlp() -> torch.nn.Sequential:
+    """A seeded MLP whose linear layers torchao converts to float8 (dimensions multiples of 16)."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 16),
+    )
