@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from accel_train.strategies.fsdp.fsdp2 import warn_upcast
+
 __all__ = ["upcast_flat_parameters"]
 
 
@@ -32,14 +34,12 @@ def upcast_flat_parameters(model: torch.nn.Module) -> list[str]:
         flat = handle.flat_param
         if flat.dtype == torch.float32 or not flat.is_floating_point() or flat.device.type == "meta":
             continue
-        if not flat.requires_grad:
+        if not flat.requires_grad:  # frozen weights are not trained: nothing to keep in float32
             continue
         flat.data = flat.data.to(torch.float32)
         handle._orig_param_dtype = torch.float32
         if handle._use_orig_params:
             handle._use_sharded_views()  # the original parameters are views into the flat one: new dtype
         upcast.extend(flat._fqns)
-    from accel_train.strategies.fsdp.fsdp2 import warn_upcast
-
     warn_upcast(upcast)
     return upcast

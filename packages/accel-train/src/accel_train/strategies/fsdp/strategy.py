@@ -258,14 +258,13 @@ class FSDPStrategy(Strategy):
             def param_init_fn(module: torch.nn.Module) -> None:
                 module.to_empty(device=device, recurse=False)
 
+        dtypes = self.precision.mixed_precision_dtypes()
         kwargs: dict[str, Any] = {
             "sharding_strategy": strategy,
             "cpu_offload": offload,
             "auto_wrap_policy": fsdp1_auto_wrap_policy(model, plugin),
             "backward_prefetch": prefetch,
-            "mixed_precision": fsdp1_mixed_precision(
-                plugin.mixed_precision_policy, self.precision.mixed_precision_dtypes()
-            ),
+            "mixed_precision": fsdp1_mixed_precision(plugin.mixed_precision_policy, dtypes),
             "ignored_modules": ignored_modules_of(model, plugin.ignored_modules) or None,
             "param_init_fn": param_init_fn,
             "device_id": device if device.type == "cpu" else (device.index if device.index is not None else device),
@@ -278,7 +277,7 @@ class FSDPStrategy(Strategy):
             self._mesh = self._hybrid_mesh()
             kwargs["device_mesh"] = self._mesh
         wrapped = FSDP(model, **kwargs)
-        if self.precision.mixed_precision_dtypes()[0] is not None:  # mixed precision: fp32 weights, as FSDP2
+        if dtypes[0] is not None:  # mixed precision: fp32 weights, as FSDP2
             fsdp1.upcast_flat_parameters(wrapped)
         if self._mesh is None:
             from torch.distributed.device_mesh import init_device_mesh
