@@ -46,6 +46,20 @@ REPLAY_CASES: dict[str, tuple[int, int, int, tuple[str, ...]]] = {
 }
 
 
+PHASES = ("save", "resume")
+
+
+def read_logs(folder: str, processes: int) -> dict[str, dict[str, list]]:
+    """What both phases of a case wrote into ``folder``: ``{phase: {rank: log}}``."""
+    logs: dict[str, dict[str, list]] = {}
+    for phase in PHASES:
+        logs[phase] = {}
+        for rank in range(processes):
+            with open(os.path.join(folder, f"{phase}.{rank}.json")) as handle:
+                logs[phase][str(rank)] = json.load(handle)
+    return logs
+
+
 def main() -> None:
     phase, folder, save_epoch, save_step = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     options = set(sys.argv[5:])

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 from conftest import ROOT, accel_command, run_command
-from resume_order_job import REFERENCE_CASES, REPLAY_CASES, STATEFUL_CASES
+from resume_order_job import PHASES, REFERENCE_CASES, REPLAY_CASES, STATEFUL_CASES, read_logs
 
 JOB = str(ROOT / "integration_tests" / "resume_order_job.py")
 REFERENCE = json.loads((ROOT / "integration_tests" / "reference" / "resume_order.json").read_text())
@@ -32,13 +32,10 @@ def run_case(folder: pathlib.Path, processes: int, epoch: int, step: int, option
         if processes == 1
         else [*accel_command(), "launch", "--cpu", "--num_processes", str(processes), JOB]
     )
-    for phase in ("save", "resume"):
+    for phase in PHASES:
         done = run_command([*launch, phase, str(folder), str(epoch), str(step), *options], timeout=300)
         assert done.returncode == 0, (phase, (done.stdout + done.stderr)[-4000:])
-    return {
-        phase: {str(rank): json.loads((folder / f"{phase}.{rank}.json").read_text()) for rank in range(processes)}
-        for phase in ("save", "resume")
-    }
+    return read_logs(str(folder), processes)
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCE_CASES))
@@ -46,7 +43,7 @@ def test_the_resumed_run_reads_what_the_documented_system_reads(tmp_path: pathli
     processes, epoch, step, options = REFERENCE_CASES[name]
     figures = run_case(tmp_path, processes, epoch, step, options)
     expected = REFERENCE["cases"][name]
-    for phase in ("save", "resume"):
+    for phase in PHASES:
         for rank, log in expected[phase].items():
             assert figures[phase][rank] == log, (phase, rank)
 

@@ -26,25 +26,19 @@ JOB = ROOT / "integration_tests" / "resume_order_job.py"
 STORE = ROOT / "integration_tests" / "reference" / "resume_order.json"
 sys.path.insert(0, str(JOB.parent))
 
-from resume_order_job import REFERENCE_CASES, STATEFUL_CASES  # noqa: E402
+from resume_order_job import PHASES, REFERENCE_CASES, STATEFUL_CASES, read_logs  # noqa: E402
 
 
 def run_case(python: str, processes: int, args: list[str]) -> dict[str, dict[str, list]]:
     """Both phases of one case; returns {phase: {rank: log}}."""
     env = {**os.environ, "RESUME_ORDER_LIB": "accelerate", "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory() as folder:
-        for phase in ("save", "resume"):
+        for phase in PHASES:
             launch = [python, str(JOB)]
             if processes > 1:  # the documented system's CPU processes: WORLD_SIZE with ACCELERATE_USE_CPU
                 launch = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), str(JOB)]
             subprocess.run([*launch, phase, folder, *args], check=True, env=env, capture_output=True, text=True)
-        return {
-            phase: {
-                str(rank): json.loads(pathlib.Path(folder, f"{phase}.{rank}.json").read_text())
-                for rank in range(processes)
-            }
-            for phase in ("save", "resume")
-        }
+        return read_logs(folder, processes)
 
 
 def main() -> None:
