@@ -3,8 +3,9 @@
 * Nothing runs on load: a crafted pickle whose ``__reduce__`` would write a marker file is refused
   with ``UnsafeCheckpointError`` naming the file and what was found; the marker never appears and the
   model keeps its values.
-* Sharded saves are atomic: a forked process saving over an earlier save is SIGKILLed at every write,
-  rename, link and removal in turn; the folder then loads as exactly the old or the new state.
+* Sharded saves are atomic: a fresh process saving over an earlier save is SIGKILLed at its writes,
+  renames, links and removals (every commit step and a spread of the rest; all of them with
+  ``ACCEL_KILL_POINTS=all``); the folder then loads as exactly the old or the new state.
 * A reader refuses an index naming missing files, files of another size or of another save, and
   entries (sharded or offload index) that point outside their folder.
 * A full disk (``RLIMIT_FSIZE``) or a read-only folder gives an error naming the path and the OS
@@ -17,11 +18,11 @@ import json
 import os
 import pickle
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import kill_sharded_save  # the SIGKILL test's child script, beside this file
 import pytest
 import torch
 from torch import nn
@@ -32,6 +33,7 @@ from accel_bigmodel.safe_write import TMP_PREFIX, CheckpointWriteError
 from accel_bigmodel.sharding import save_sharded
 from accel_bigmodel.tensor_io import CheckpointError
 from accel_state.errors import UnsafeCheckpointError
+from accel_state.kill_points import choose_kill_points, run_kill_points
 
 
 class _Payload:
@@ -45,8 +47,7 @@ class _Payload:
 
 
 def _net(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+    return kill_sharded_save.net(seed)
 
 
 def _values(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -171,48 +172,23 @@ def test_shard_of_another_size_or_another_save_is_refused(tmp_path: Path) -> Non
 
 
 # -- atomic sharded save under SIGKILL ------------------------------------------------------------------
-def _save_and_die_at(folder: Path, seed: int, shard: int, kill_at: int, fmt: str) -> int:
-    """Fork a real process that saves over ``folder`` and SIGKILLs itself at its ``kill_at``-th file event.
+KILL_CHILD = Path(__file__).resolve().parent / "kill_sharded_save.py"
+KILL_PRELOAD = ("torch", "safetensors.torch", "accel_bigmodel.sharding", "accel_state.kill_points")
 
-    Events: half of each file's bytes written, each rename, link and removal. Returns the child's
-    wait status (killed by SIGKILL, or exit 0 when the save finished before event ``kill_at``).
-    """
-    import accel_bigmodel.safe_write as sw
 
-    pid = os.fork()
-    if pid:
-        _, status = os.waitpid(pid, 0)
-        return status
-    try:  # the child: count file events, die at the chosen one
-        events = [0]
+def _kill_points(tmp_path: Path, old_shard: int, new_shard: int, fmt: str) -> tuple[list[str], dict[int, bool]]:
+    """Save seed 2 over a save of seed 1 in fresh processes (kill_sharded_save.py) killed at the chosen file
+    events, each over its own folder ``tmp_path/ckpt-K``; returns every event's label and ``{K: killed}``."""
 
-        def tick() -> None:
-            events[0] += 1
-            if events[0] == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
+    def command(kill_at: int) -> list[str]:
+        folder = tmp_path / f"ckpt-{kill_at}"
+        save_sharded(_net(1).state_dict(), folder, max_shard_size=old_shard, safe_serialization=fmt == "safetensors")
+        log = str(tmp_path / "events.txt")
+        return [sys.executable, str(KILL_CHILD), str(folder), "2", str(new_shard), str(kill_at), fmt, log]
 
-        def wrap(fn):  # type: ignore[no-untyped-def]
-            def inner(*args, **kwargs):  # type: ignore[no-untyped-def]
-                tick()
-                return fn(*args, **kwargs)
-
-            return inner
-
-        real_write_all = sw._write_all
-
-        def write_all(f, data) -> None:  # type: ignore[no-untyped-def]
-            view = memoryview(data).cast("B")
-            real_write_all(f, view[: view.nbytes // 2])
-            f.flush()
-            tick()
-            real_write_all(f, view[view.nbytes // 2 :])
-
-        sw._write_all = write_all  # type: ignore[assignment]
-        os.replace, os.link, os.remove = wrap(os.replace), wrap(os.link), wrap(os.remove)  # type: ignore[assignment]
-        save_sharded(_net(seed).state_dict(), folder, max_shard_size=shard, safe_serialization=fmt == "safetensors")
-        os._exit(0)
-    except BaseException:
-        os._exit(1)
+    run_kill_points(command, [0], preload=KILL_PRELOAD)  # the counting run
+    labels = (tmp_path / "events.txt").read_text().splitlines()
+    return labels, run_kill_points(command, [*choose_kill_points(labels), len(labels) + 1], preload=KILL_PRELOAD)
 
 
 def _load(folder: Path) -> dict[str, torch.Tensor]:
@@ -236,28 +212,26 @@ def test_sigkill_at_every_step_leaves_the_old_or_the_new_save(
 ) -> None:
     new_state = _values(_net(2))
     old_state = _values(_net(1))
-    kill_at, outcomes = 1, {"old": 0, "new": 0}
-    while True:
+    labels, killed = _kill_points(tmp_path, old_shard, new_shard, fmt)
+    outcomes = {"old": 0, "new": 0}
+    for kill_at, was_killed in sorted(killed.items()):
         folder = tmp_path / f"ckpt-{kill_at}"
-        save_sharded(_net(1).state_dict(), folder, max_shard_size=old_shard, safe_serialization=fmt == "safetensors")
-        status = _save_and_die_at(folder, 2, new_shard, kill_at, fmt)
         loaded = _load(folder)
         same_as = [name for name, st in (("old", old_state), ("new", new_state)) if _equal(loaded, st)]
-        assert same_as, f"killed at event {kill_at}: the folder loads as a mix of two saves"
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+        assert same_as, f"killed at event {kill_at} ({labels[kill_at - 1]}): the folder loads as a mix of two saves"
+        if not was_killed:
+            assert kill_at == len(labels) + 1, f"the save finished before its event {kill_at}"
             assert same_as == ["new"]
             assert not [n for n in os.listdir(folder) if n.startswith(TMP_PREFIX)]
-            break
-        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+            continue
         outcomes[same_as[0]] += 1
         # the next save over the interrupted folder completes and cleans up
         save_sharded(_net(3).state_dict(), folder, max_shard_size=new_shard, safe_serialization=fmt == "safetensors")
         assert _equal(_load(folder), _values(_net(3)))
         assert not [n for n in os.listdir(folder) if n.startswith(TMP_PREFIX)]
-        kill_at += 1
-        shutil.rmtree(folder)
     # killed at 10+ points, before the commit (old state) and after it (new state)
-    assert kill_at > 10 and outcomes["old"] > 0 and outcomes["new"] > 0
+    assert len(killed) > 10 and outcomes["old"] > 0 and outcomes["new"] > 0
+    assert killed[len(labels) + 1] is False and all(killed[k] for k in killed if k <= len(labels))
 
 
 def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:

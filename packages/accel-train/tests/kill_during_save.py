@@ -1,9 +1,12 @@
-"""Driver for the SIGKILL tests (run as its own process): a save over an earlier one, killed at the k-th
-file-system step for k = 1, 2, ... until a save completes; after each kill the folder must load as the
-earlier state or the new one, exactly, never a mix. Prints one JSON line of results.
+"""Driver for the SIGKILL tests (run as its own process): a save over an earlier one, killed at its k-th
+file-system step (a file written, a folder renamed, swapped or removed); after each kill the folder must
+load as the earlier state or the new one, exactly, never a mix. Prints one JSON line of results.
 
-Usage: ``python kill_during_save.py save_state|merge <work folder>``. Each save runs in a forked child
-that SIGKILLs itself at step k (a step: a file written, a folder renamed, swapped or removed).
+Usage: ``python kill_during_save.py save_state|merge <work folder>``. A counting run names every step;
+then each chosen step k is a fresh interpreter (``child``) that saves over its own copy of the earlier
+save and SIGKILLs itself at step k, two at a time; the driver then loads each copy. The points are
+``accel_state.kill_points.choose_kill_points``: every commit step and its neighbours and a spread of the
+rest, or every step with ``ACCEL_KILL_POINTS=all``. No process here is forked from one that ran torch.
 """
 
 from __future__ import annotations
@@ -11,8 +14,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,9 +24,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from fsdp_helpers import BlockNet
 
+from accel_state.kill_points import StepCounter, choose_kill_points, die_with_parent, run_kill_points
 from accel_state.testing import reset_shared_state
 
 OLD, NEW = 1.0, 2.0
+#: What the kill-point zygote imports once, before it forks a child per point.
+PRELOAD = ("torch", "torch.distributed.checkpoint", "safetensors.torch", "accel_train", "fsdp_helpers")
 
 
 def _accelerator() -> Any:
@@ -50,30 +56,12 @@ def _prepared(value: float) -> tuple[Any, Any, Any]:
     return accelerator, model, optimizer
 
 
-def _install_killer(kill_at: int) -> None:
-    """Count every file-system step of a save; SIGKILL this process at step ``kill_at``."""
+def _install_killer(counter: StepCounter) -> None:
+    """Count every file-system step of a save with ``counter`` (which kills this process at its step)."""
     import safetensors.torch
     import torch.distributed.checkpoint as dcp
 
     from accel_train import checkpoint_io, checkpointing
-
-    count = [0]
-
-    def tick() -> None:
-        count[0] += 1
-        if count[0] == kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def wrap(owner: Any, name: str) -> None:
-        original = getattr(owner, name)
-
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            tick()
-            result = original(*args, **kwargs)
-            tick()
-            return result
-
-        setattr(owner, name, wrapped)
 
     for owner, name in [
         (checkpoint_io, "save_torch"),
@@ -87,26 +75,31 @@ def _install_killer(kill_at: int) -> None:
         (os, "replace"),
         (shutil, "rmtree"),
     ]:
-        wrap(owner, name)
+        counter.wrap(owner, name)
 
 
-def _run_killed(kill_at: int, action: Any) -> bool:
-    """Run ``action`` in a forked child killed at step ``kill_at``; True when it was killed."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            _install_killer(kill_at)
-            action()
-        except BaseException as error:  # pragma: no cover - reported through the exit code
-            print("child error", error, file=sys.stderr)
-            os._exit(3)
-        os._exit(0)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        return True
-    if os.WEXITSTATUS(status) != 0:
-        raise RuntimeError(f"the save at kill point {kill_at} failed with exit code {os.WEXITSTATUS(status)}")
-    return False
+def _action(mode: str, work: str, target: str) -> Callable[[], Any]:
+    """The save a child runs over ``target``: a new ``save_state``, or a merge of the new shards."""
+    if mode == "merge":
+        from accel_train import merge_fsdp_weights
+
+        new_shards = os.path.join(work, "new", "pytorch_model_fsdp_0")
+        return lambda: merge_fsdp_weights(new_shards, target, max_shard_size="6KB")
+
+    def save() -> None:
+        accelerator, _, _ = _prepared(NEW)
+        accelerator.save_state(target)
+
+    return save
+
+
+def child(mode: str, work: str, target: str, kill_at: int, log: str) -> None:
+    """One fresh process: the save over ``target``, SIGKILLed at step ``kill_at`` (0: count, log labels)."""
+    die_with_parent()
+    counter = StepCounter(kill_at, log)
+    action = _action(mode, work, target)
+    _install_killer(counter)
+    action()
 
 
 def _classify_state(folder: str) -> str:
@@ -143,40 +136,41 @@ def main(mode: str, work: str) -> None:
     target = os.path.join(work, "ckpt")
     accelerator, _, _ = _prepared(OLD)
     accelerator.save_state(pristine)
+    classify = _classify_state
     if mode == "merge":
         from accel_train import merge_fsdp_weights
 
-        sharded_old = os.path.join(pristine, "pytorch_model_fsdp_0")
-        new_dir = os.path.join(work, "new")
         accelerator, _, _ = _prepared(NEW)
-        accelerator.save_state(new_dir)
+        accelerator.save_state(os.path.join(work, "new"))
         merged_old = os.path.join(work, "merged_pristine")
-        merge_fsdp_weights(sharded_old, merged_old, max_shard_size="6KB")
+        merge_fsdp_weights(os.path.join(pristine, "pytorch_model_fsdp_0"), merged_old, max_shard_size="6KB")
         pristine, target = merged_old, os.path.join(work, "merged")
-
-        def action() -> None:
-            merge_fsdp_weights(os.path.join(new_dir, "pytorch_model_fsdp_0"), target, max_shard_size="6KB")
-
         classify = _classify_merge
-    else:
+    log = os.path.join(work, "steps.txt")
 
-        def action() -> None:
-            accelerator, _, _ = _prepared(NEW)
-            accelerator.save_state(target)
+    def command(kill_at: int) -> list[str]:
+        folder = f"{target}-{kill_at}"  # each point saves over its own copy of the earlier save
+        if os.path.exists(folder):
+            shutil.rmtree(folder)
+        shutil.copytree(pristine, folder)
+        return [sys.executable, os.path.abspath(__file__), "child", mode, work, folder, str(kill_at), log]
 
-        classify = _classify_state
+    run_kill_points(command, [0], preload=PRELOAD)  # the counting run: every step's label, one a line
+    with open(log, encoding="utf-8") as handle:
+        labels = handle.read().splitlines()
+    points = [*choose_kill_points(labels), len(labels) + 1]  # the last point is past the end: a whole save
+    killed = run_kill_points(command, points, preload=PRELOAD)
     results = []
-    for kill_at in range(1, 400):
-        if os.path.exists(target):
-            shutil.rmtree(target)
-        shutil.copytree(pristine, target)
-        killed = _run_killed(kill_at, action)
-        outcome = classify(target)
-        results.append({"kill_at": kill_at, "killed": killed, "outcome": outcome})
-        if not killed:
-            break
-    print(json.dumps(results))
+    for kill_at in points:
+        step = labels[kill_at - 1] if kill_at <= len(labels) else "none (the save completes)"
+        results.append(
+            {"kill_at": kill_at, "step": step, "killed": killed[kill_at], "outcome": classify(f"{target}-{kill_at}")}
+        )
+    print(json.dumps({"steps": len(labels), "points": results}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if sys.argv[1] == "child":
+        child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6])
+    else:
+        main(sys.argv[1], sys.argv[2])
