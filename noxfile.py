@@ -159,6 +159,19 @@ def tests(session: nox.Session, package: str) -> None:
     _pytest(session, f"tests-{package}", *parallel, str(DISTS[package]["path"] / "tests"))
 
 
+@nox.session
+def slow(session: nox.Session) -> None:
+    """Before a release: the crash-safety tests killed at every file-system step of a save, not only at
+    the commit steps and a spread of the rest as in CI (``ACCEL_KILL_POINTS=all``)."""
+    _install_local(session, *_closure("accel-train"), extras={"accel-bigmodel": "test", "accel-train": "test"})
+    tests = [
+        DISTS["accel-bigmodel"]["path"] / "tests" / "test_bigmodel_checkpoint_safety.py",
+        DISTS["accel-train"]["path"] / "tests" / "test_checkpoint_kill.py",
+    ]
+    session.env["ACCEL_KILL_POINTS"] = "all"
+    _pytest(session, "slow", *[str(path) for path in tests])
+
+
 @nox.session(tags=["ci"])
 @nox.parametrize("package", ORDER)
 def clean_install(session: nox.Session, package: str) -> None:
@@ -180,13 +193,17 @@ def trackers(session: nox.Session) -> None:
     _pytest(session, "trackers", str(DISTS["accel-tracking"]["path"] / "tests"), "-m", "trackers")
 
 
-@nox.session(tags=["ci"])
-def integration(session: nox.Session) -> None:
-    """End-to-end runs through the real ``accel launch``: multi-process, multi-machine, resume, offload."""
+def _integration(session: nox.Session) -> None:
     _install_local(session, *ORDER, extras={"accel": "test", "accel-train": "deepspeed"})
     session.install(*_constraints(), "numpy", "safetensors", "tqdm", "psutil", "pytest-xdist")
     # each test mostly waits on the processes it launches: two workers (a test file each) keep both cores busy
     _pytest(session, "integration", "-n", "2", "--dist", "loadfile", str(ROOT / "integration_tests"))
+
+
+@nox.session
+def integration(session: nox.Session) -> None:
+    """End-to-end runs through the real ``accel launch``: multi-process, multi-machine, resume, offload."""
+    _integration(session)
 
 
 @nox.session(tags=["ci"])
@@ -209,14 +226,7 @@ CLIENT_PINS = {
 }
 
 
-@nox.session(tags=["ci"])
-def clients(session: nox.Session) -> None:
-    """transformers' Trainer (1 and 2 processes, resume, evaluation loss), from_pretrained with part of
-    the model on disk, a peft LoRA adapter, and TRL (SFT, DPO), a diffusers training loop (on 2 processes
-    saving from the main process only, as its examples do) and sentence-transformers, 1 and 2 processes,
-    compared with the figures of the same runs on the documented system
-    (integration_tests/clients/reference, tools/record_client_reference.py), on accel through the
-    ``accelerate`` alias."""
+def _clients(session: nox.Session) -> None:
     _install_local(session, *ORDER, extras={"accel": "test", "accel-train": "deepspeed"})
     session.install(*_constraints(), CLIENT_PINS["transformers"])
     # peft, trl, diffusers' training and sentence-transformers' training require the real accelerate,
@@ -242,18 +252,23 @@ def clients(session: nox.Session) -> None:
     )
 
 
+@nox.session
+def clients(session: nox.Session) -> None:
+    """transformers' Trainer (1 and 2 processes, resume, evaluation loss), from_pretrained with part of
+    the model on disk, a peft LoRA adapter, and TRL (SFT, DPO), a diffusers training loop (on 2 processes
+    saving from the main process only, as its examples do) and sentence-transformers, 1 and 2 processes,
+    compared with the figures of the same runs on the documented system
+    (integration_tests/clients/reference, tools/record_client_reference.py), on accel through the
+    ``accelerate`` alias."""
+    _clients(session)
+
+
 @nox.session(tags=["ci"])
 def typecheck(session: nox.Session) -> None:
     """mypy over every distribution's source."""
     _install_local(session, *ORDER)
     session.install("mypy")
     session.run("mypy", *[str(DISTS[d]["path"] / "src") for d in ORDER])
-
-
-@nox.session(python=False, tags=["ci"])
-def summary(session: nox.Session) -> None:
-    """One closing line adding up every pytest report of this run."""
-    session.run(sys.executable, str(ROOT / "tools" / "test_summary.py"), str(REPORTS))
 
 
 #: The site generator and what its build needs (MkDocs + Material + mkdocstrings; matplotlib for the
@@ -286,7 +301,7 @@ def docs_site(session: nox.Session) -> None:
     _docs_site(session)
 
 
-@nox.session(tags=["ci"])
+@nox.session
 def docs(session: nox.Session) -> None:
     """The documentation site (as ``docs_site``), then every code block of the guide run.
 
@@ -294,7 +309,10 @@ def docs(session: nox.Session) -> None:
     ``tools/run_doc_examples.py`` to run alone. On a machine without chromium where apt-get works as
     root (CI), chromium is installed first so that the browser check runs for real.
     """
-    posargs = list(session.posargs)
+    _docs(session, list(session.posargs))
+
+
+def _docs(session: nox.Session, posargs: list[str]) -> None:
     no_run = "--no-run" in posargs
     pages = [arg for arg in posargs if arg != "--no-run"]
     if not shutil.which("chromium") and shutil.which("apt-get") and os.geteuid() == 0:
@@ -309,6 +327,27 @@ def docs(session: nox.Session) -> None:
         return
     session.install(*_constraints(), "numpy", "safetensors", "tqdm", "tensorboard", "bitsandbytes", "deepspeed")
     session.run("python", str(ROOT / "tools" / "run_doc_examples.py"), "--quiet", "--jobs", "2", *pages)
+
+
+@nox.session(tags=["ci"])
+def end_to_end(session: nox.Session) -> None:
+    """CI's end-to-end sessions in one venv, in this order: ``integration``, then ``docs`` (which adds the
+    site generator), then ``clients`` (which adds transformers and the client libraries last, so that
+    the integration tests and the guide's examples run without them, as in their own sessions).
+
+    One venv, so that DeepSpeed's CPU ops (its JIT-built shared-memory and CPU-Adam extensions, whose
+    build depends on the venv's paths) are compiled once for the three of them, and accel's
+    distributions are built and installed once.
+    """
+    _integration(session)
+    _docs(session, [])
+    _clients(session)
+
+
+@nox.session(python=False, tags=["ci"])
+def summary(session: nox.Session) -> None:
+    """One closing line adding up every pytest report of this run (the last CI session)."""
+    session.run(sys.executable, str(ROOT / "tools" / "test_summary.py"), str(REPORTS))
 
 
 @nox.session
