@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from accel_launch.ignored_settings import ignored_parallelism_settings
 from accel_launch.options import BY_DEST, OPTIONS
 from accel_launch.values import ConfigError, check_choice, coerce
 from accel_state import env_vars
@@ -316,6 +317,9 @@ def resolve(
     warnings: list[str] = []
     if getattr(config, "parallelism_config", None) and not values.get("use_parallelism_config"):
         values["use_parallelism_config"] = True  # a file's parallelism_config section asks for it
+    ignored = ignored_parallelism_settings(values, sources)
+    if ignored:
+        warnings.append(ignored)
     _check_paradigms(values)
     notes: list[str] = []
     _check_gpu_request(values, machine, sources, warnings)
