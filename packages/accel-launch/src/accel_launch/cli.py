@@ -113,7 +113,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     parser.add_argument("--version", action=_VersionAction, help="Print the installed accel distributions' versions.")
-    subparsers = parser.add_subparsers(title="commands", metavar="<command>")
+    # prog: sub-commands are "accel launch", not "accel <command> [<args>] launch" (usage and errors).
+    subparsers = parser.add_subparsers(title="commands", metavar="<command>", prog="accel")
     commands = {only: OWN_COMMANDS[only]} if only is not None else discover()
     for name in sorted(commands):
         try:

@@ -15,7 +15,7 @@ from accel_state.enums import DynamoBackend
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported at run time: `accel --help` stays fast
-    from typing import Any
+    from typing import Any, NoReturn
 
 DESCRIPTION = "Launch a script on one or several processes and machines, with the settings of the config file."
 
@@ -37,12 +37,62 @@ def help_formatter(prog: str) -> argparse.HelpFormatter:
     return argparse.HelpFormatter(prog, width=max(width - 2, 40))
 
 
+#: Namespace attribute naming the (sub-)parser that left arguments unrecognized, for the error.
+_UNRECOGNIZED_BY = "_accel_unrecognized_by"
+
+
 class AccelArgumentParser(argparse.ArgumentParser):
-    """ArgumentParser using :func:`help_formatter` by default; sub-parsers of ``accel`` inherit the class."""
+    """ArgumentParser with short errors; sub-parsers of ``accel`` inherit the class.
+
+    It uses :func:`help_formatter` by default. An argument error prints one usage line, the error
+    and a hint at ``-h`` (not the whole option list), with exit status 2; an unknown option comes
+    with the closest known ones (see :mod:`accel_launch.arg_errors`).
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", help_formatter)
         super().__init__(*args, **kwargs)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Any = None, namespace: Any = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """argparse's ``parse_known_args``, noting which parser left arguments over (a sub-command's
+        extras reach the top parser, whose options are the wrong ones to suggest from).
+
+        Args:
+            args: the arguments (``sys.argv[1:]`` when None).
+            namespace: the namespace to fill (a new one when None).
+        """
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and not hasattr(namespace, _UNRECOGNIZED_BY):
+            setattr(namespace, _UNRECOGNIZED_BY, self)
+        return namespace, extras
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        """argparse's ``parse_args``; unrecognized arguments are reported by the (sub-)parser that met them,
+        with the closest known options.
+
+        Args:
+            args: the arguments (``sys.argv[1:]`` when None).
+            namespace: the namespace to fill (a new one when None).
+        """
+        namespace, extras = self.parse_known_args(args, namespace)
+        owner = vars(namespace).pop(_UNRECOGNIZED_BY, self)
+        if extras:
+            from accel_launch.arg_errors import unrecognized_message
+
+            owner.error(unrecognized_message(extras, owner))
+        return namespace
+
+    def error(self, message: str) -> NoReturn:
+        """Print the short usage, ``message`` and a hint at ``-h`` on stderr; exit with status 2.
+
+        Args:
+            message: argparse's error message.
+        """
+        from accel_launch.arg_errors import error_text
+
+        self.exit(2, error_text(self, message))
 
 
 #: Older flag names still accepted for an option (the documented system's spellings).
