@@ -135,6 +135,8 @@ def main() -> None:
         for step, clean in enumerate(loader):
             if mode == "resume" and epoch == first_epoch and step < resume_step:
                 continue  # the examples' way of skipping the batches seen before the checkpoint
+            if epoch == 0 and step == 1 and tiny.perturbation() == "skip-batch":
+                continue
             noise = torch.randn(clean.shape, device=clean.device)
             timesteps = torch.randint(
                 0, noise_scheduler.config.num_train_timesteps, (clean.shape[0],), device=clean.device
@@ -150,7 +152,8 @@ def main() -> None:
                 lr_scheduler.step()
                 optimizer.zero_grad()
             if accelerator.sync_gradients:
-                ema.step(model.parameters())
+                if not (global_step == 2 and tiny.perturbation() == "ema-update"):
+                    ema.step(model.parameters())
                 global_step += 1
                 timed_steps += 1
                 losses.append(float(accelerator.gather(loss.detach()).mean()))
@@ -181,6 +184,7 @@ def main() -> None:
                 "cpu_seconds_per_step": cpu_seconds / max(timed_steps, 1),
                 "params": tiny.digest(unwrapped),
                 "ema": tiny.digest(ema_copy),
+                "ema_updates": ema.optimization_step,  # exact: one per optimizer step (sync_gradients)
                 "checkpoints": sorted(
                     d for d in os.listdir(os.path.join(out, "" if main_only else "checkpoints")) if "checkpoint" in d
                 ),

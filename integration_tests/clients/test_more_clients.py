@@ -1,7 +1,9 @@
 """TRL (SFT with accumulation and resume, DPO), a diffusers training loop (bf16, EMA, hooks, checkpoint
 limit, TensorBoard, resume) and sentence-transformers, on accel through the opt-in ``accelerate`` alias,
 each compared with the figures of the same run on the documented system (reference/CASE.json, recorded by
-tools/record_client_reference.py with accelerate 1.15). Skipped unless the clients are installed and the
+tools/record_client_reference.py with accelerate 1.15, on another machine): counts and names exactly,
+losses and parameters within the tolerances of compare.py, and a run with one training step changed
+must fail that comparison. Skipped unless the clients are installed and the
 real ``accelerate`` is not (``nox -s clients`` installs them, pinned)."""
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sys
 from typing import Any
 
 import cases  # integration_tests/clients is on sys.path (rootdir conftest / this folder)
+import compare
 import pytest
 
 pytestmark = pytest.mark.skipif(
@@ -22,30 +25,30 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _compare(ours: Any, reference: Any, tolerance: float, where: str) -> None:
-    if isinstance(reference, dict) and "sha256" in reference:
-        assert ours["sums"].keys() == reference["sums"].keys(), where
-        for name, sums in reference["sums"].items():
-            assert ours["sums"][name] == pytest.approx(sums, rel=tolerance, abs=tolerance), f"{where}: {name}"
-    elif isinstance(reference, dict):
-        assert ours.keys() >= reference.keys(), where
-        for key, value in reference.items():
-            if key not in ("steps_per_second", "cpu_seconds_per_step"):  # timings: tools/bench/clients.py
-                _compare(ours[key], value, tolerance, f"{where}.{key}")
-    elif isinstance(reference, float) or (
-        isinstance(reference, list) and reference and isinstance(reference[0], float)
-    ):
-        assert ours == pytest.approx(reference, rel=tolerance, abs=tolerance), where
-    else:
-        assert ours == reference, where
-
-
-def _params(case: cases.Case, ours: dict[str, Any]) -> None:
-    """A resumed TRL run reaches the parameters of the uninterrupted one (on both systems)."""
+def _params(case: cases.Case, ours: dict[str, Any]) -> list[str]:
+    """A resumed TRL run reaches the parameters of the uninterrupted one (recorded on the documented system)."""
     full = next(c for c in cases.CASES if c.name == case.name.removesuffix("-resume"))
     stored = json.loads((cases.REFERENCE / f"{full.name}.json").read_text())["figures"][full.figures[0]]
     resumed = ours[case.figures[0]]["params"]
-    assert resumed["sha256"] == stored["params"]["sha256"]
+    return compare.differences(resumed, stored["params"], case.tolerance, f"{case.name} resumed vs {full.name}")
+
+
+def _differences(case: cases.Case, ours: dict[str, Any], record: dict[str, Any]) -> list[str]:
+    found = [] if ours.keys() == record["figures"].keys() else [f"figure files {sorted(ours)} vs {sorted(record)}"]
+    for name, reference in record["figures"].items():
+        if name in ours:
+            found += compare.differences(ours[name], reference, case.tolerance, f"{case.name}:{name}")
+    if case.name.startswith("trl-sft") and case.name.endswith("-resume"):
+        found += _params(case, ours)
+    return found
+
+
+def _record(case: cases.Case) -> dict[str, Any]:
+    record = json.loads((cases.REFERENCE / f"{case.name}.json").read_text())
+    for name, version in record["versions"].items():
+        if name != "accelerate":
+            assert importlib.metadata.version(name) == version, f"{name}: figures recorded with {version}"
+    return record
 
 
 @pytest.mark.timeout(1800)  # a few tiny steps, but each run starts the whole client stack
@@ -55,13 +58,31 @@ def _params(case: cases.Case, ours: dict[str, Any]) -> None:
     ids=[c.name for c in cases.CASES],
 )
 def test_client_on_accel_gives_the_documented_systems_figures(case: cases.Case, tmp_path) -> None:
-    record = json.loads((cases.REFERENCE / f"{case.name}.json").read_text())
-    for name, version in record["versions"].items():
-        if name != "accelerate":
-            assert importlib.metadata.version(name) == version, f"{name}: figures recorded with {version}"
+    record = _record(case)
     ours = cases.run(case, sys.executable, tmp_path, on_accel=True)
-    assert ours.keys() == record["figures"].keys()
-    for name, reference in record["figures"].items():
-        _compare(ours[name], reference, case.tolerance, f"{case.name}:{name}")
-    if case.name.startswith("trl-sft") and case.name.endswith("-resume"):
-        _params(case, ours)
+    found = _differences(case, ours, record)
+    assert not found, "\n".join(found)
+    print(case.name, "largest deviations:", compare.spread(ours, record["figures"], case.tolerance))
+
+
+# One changed training step must fail the comparison that the machine's own rounding passes: the
+# tolerances are far above reordering noise but far below any change of what is trained.
+PERTURBED = [
+    ("trl-sft-1", "lr-step", ".params: all tensors"),  # one learning-rate step too many: later updates are off
+    ("diffusers-1", "ema-update", ".ema_updates"),  # one EMA update dropped (below bf16 noise in the weights)
+    ("diffusers-1", "skip-batch", ".losses"),  # one batch not trained on
+]
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name,perturbation,caught_in", PERTURBED, ids=[f"{n}-{p}" for n, p, _ in PERTURBED])
+def test_a_changed_training_step_fails_the_comparison(name: str, perturbation: str, caught_in: str, tmp_path) -> None:
+    case = next(c for c in cases.CASES if c.name == name)
+    record = _record(case)
+    ours = cases.run(case, sys.executable, tmp_path, on_accel=True, env={"CLIENT_PERTURB": perturbation})
+    found = _differences(case, ours, record)
+    assert any(caught_in in line for line in found), "\n".join(found) or "no difference found"
+    if perturbation == "ema-update":  # the model itself trained as recorded: only the EMA is off
+        assert not [line for line in found if ".params" in line or ".losses" in line], "\n".join(found)
+    if perturbation == "skip-batch":
+        assert any(".params: all tensors" in line for line in found), "\n".join(found)

@@ -90,6 +90,23 @@ def digest(module: torch.nn.Module) -> dict[str, Any]:
     return {"sha256": sha.hexdigest(), "sums": sums}
 
 
+#: The deliberate changes of one training step that ``CLIENT_PERTURB`` may ask for.
+PERTURBATIONS = ("lr-step", "skip-batch", "ema-update")
+
+
+def perturbation() -> str | None:
+    """The change of one training step asked for by ``CLIENT_PERTURB`` (None: the run as written).
+
+    Only the test of the comparison sets it, to show that a real difference in training is caught:
+    ``lr-step`` (one more learning-rate scheduler step after optimizer step 2), ``skip-batch`` (the
+    second batch is not trained on), ``ema-update`` (the EMA update after step 2 is dropped).
+    """
+    value = os.environ.get("CLIENT_PERTURB") or None
+    if value is not None and value not in PERTURBATIONS:
+        raise ValueError(f"CLIENT_PERTURB={value!r}: expected one of {', '.join(PERTURBATIONS)}")
+    return value
+
+
 def write(path: str, figures: dict[str, Any]) -> None:
     """Write the run's figures as JSON (the caller writes on the main process only)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

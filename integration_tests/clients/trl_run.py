@@ -31,6 +31,15 @@ class StopAfterStep3(TrainerCallback):
         return control
 
 
+class Perturb(TrainerCallback):
+    """``CLIENT_PERTURB=lr-step``: one more learning-rate scheduler step after optimizer step 2."""
+
+    def on_step_end(self, args, state, control, lr_scheduler=None, **kwargs):  # type: ignore[no-untyped-def]
+        if state.global_step == 2 and tiny.perturbation() == "lr-step":
+            lr_scheduler.step()
+        return control
+
+
 def timed_train(trainer, **kwargs):  # type: ignore[no-untyped-def]
     """``trainer.train(**kwargs)``, its CPU seconds (this process) kept for the figures."""
     started = time.process_time()
@@ -88,7 +97,7 @@ def sft(out: str, mode: str) -> None:
         train_dataset=Dataset.from_dict({"text": tiny.sentences(48, seed=1)}),
         # 5 samples, 2 per process: the last evaluation batch is short (one sample on one process)
         eval_dataset=Dataset.from_dict({"text": tiny.sentences(5, seed=2)}),
-        callbacks=[StopAfterStep3()] if mode == "sft-stop" else None,
+        callbacks=[StopAfterStep3(), Perturb()] if mode == "sft-stop" else [Perturb()],
     )
     resume = os.path.join(out, "checkpoint-3") if mode == "sft-resume" else None
     result = timed_train(trainer, resume_from_checkpoint=resume)
