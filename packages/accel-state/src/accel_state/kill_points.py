@@ -171,7 +171,9 @@ def run_kill_points(
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="accel-kill-points-") as scratch:
-        runs = [[point, command(point), os.path.join(scratch, f"{point}.out")] for point in points]
+        runs: list[tuple[int, list[str], str]] = [
+            (point, command(point), os.path.join(scratch, f"{point}.out")) for point in points
+        ]
         zygote = subprocess.run(
             [sys.executable, "-c", "from accel_state.kill_points import _zygote; _zygote()"],
             input=json.dumps({"preload": list(preload), "jobs": max(jobs, 1), "runs": runs}),
@@ -184,7 +186,7 @@ def run_kill_points(
         if zygote.returncode != 0:
             raise RuntimeError(f"the kill-point zygote exited with {zygote.returncode}:\n{zygote.stderr[-4000:]}")
         codes = {int(point): code for point, code in json.loads(zygote.stdout.splitlines()[-1]).items()}
-        killed = {}
+        killed: dict[int, bool] = {}
         for point, _, output in runs:
             if codes[point] == -signal.SIGKILL:
                 killed[point] = True
