@@ -22,7 +22,7 @@ file                      format
 
 The names of the documented layout are kept (``random_states_{rank}`` gets the ``.safetensors``
 suffix since it is no longer a pickle). A damaged file raises :class:`~accel_state.errors.CorruptCheckpointError`
-(:mod:`accel_train.checkpoint_integrity`), one that would run code :class:`UnsafeCheckpointError`.
+(:mod:`accel_train.checkpoint.integrity`), one that would run code :class:`UnsafeCheckpointError`.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def load_torch(path: str, map_location: Any = "cpu") -> Any:
         path: the ``torch.save`` file.
         map_location: where tensors are placed, as in ``torch.load``.
     """
-    from accel_train.checkpoint_integrity import torch_load_failure
+    from accel_train.checkpoint.integrity import torch_load_failure
 
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
@@ -287,7 +287,7 @@ def load_rng(path: str, extra_generators: Mapping[str, torch.Generator] | None =
     """
     from safetensors import safe_open
 
-    from accel_train.checkpoint_integrity import check_rng_file
+    from accel_train.checkpoint.integrity import check_rng_file
 
     check_rng_file(path, RNG_FORMAT)
     with safe_open(path, framework="pt") as handle:
@@ -330,7 +330,7 @@ def read_manifest(folder: str) -> dict[str, Any] | None:
     Args:
         folder: the checkpoint folder.
     """
-    from accel_train.checkpoint_integrity import read_manifest_file
+    from accel_train.checkpoint.integrity import read_manifest_file
 
     path = os.path.join(folder, MANIFEST_NAME)
     if not os.path.isfile(path):

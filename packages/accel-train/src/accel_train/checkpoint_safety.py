@@ -16,7 +16,7 @@ Three formats reach a pickle reader somewhere below accel:
 A refused file raises :class:`~accel_state.errors.UnsafeCheckpointError` naming the file and
 the Python global it asked for; nothing of it was executed. A damaged file (a zip cut short, a CRC
 that differs, a pickle that ends early) raises :class:`~accel_state.errors.CorruptCheckpointError`
-instead (:mod:`accel_train.checkpoint_integrity`). :func:`run_checks` shares the checks of a
+instead (:mod:`accel_train.checkpoint.integrity`). :func:`run_checks` shares the checks of a
 folder that all processes load out between them (each checks a slice) and gives every process the
 same verdict in one collective.
 """
@@ -143,7 +143,7 @@ def check_torch_stream(stream: BinaryIO, path: str, allowed: Iterable[Any] = ())
             differs, a broken pickle stream): checked first, from the zip's structure.
     """
     from accel_bigmodel.integrity import check_torch_file_structure
-    from accel_train.checkpoint_integrity import torch_load_failure
+    from accel_train.checkpoint.integrity import torch_load_failure
 
     check_torch_file_structure(stream, path)
     stream.seek(0)
@@ -166,7 +166,7 @@ def check_torch_file(path: str | os.PathLike[str], allowed: Iterable[Any] = ()) 
 
 def load_torch_bytes(data: BinaryIO, path: str) -> Any:
     """``torch.load(weights_only=True)`` of an in-memory ``torch.save`` (a DCP non-tensor item)."""
-    from accel_train.checkpoint_integrity import torch_load_failure
+    from accel_train.checkpoint.integrity import torch_load_failure
 
     try:
         return torch.load(data, weights_only=True)
@@ -340,7 +340,7 @@ def _check_pickle(pickled: bytes, path: str) -> bool:
     try:
         unpickler.load()
     except Exception as error:
-        from accel_train.checkpoint_integrity import torch_load_failure
+        from accel_train.checkpoint.integrity import torch_load_failure
 
         failure = torch_load_failure(path, error, pickled=pickled)
         if failure is error:

@@ -358,7 +358,7 @@ def check_folder(folder: str, io_: Any, distributed: bool = False, ranks: Sequen
     """Check every file a load of ``folder`` reads before anything is loaded, so that a refused or damaged
     file leaves the model and optimizer untouched: ``torch.save`` files of the layout (``io_.check_file``),
     safetensors weights and the random states and gradients of ``ranks`` (their headers:
-    :mod:`~accel_train.checkpoint_integrity`), DCP folders (``io_.sharded_checks``: metadata and every
+    :mod:`~accel_train.checkpoint.integrity`), DCP folders (``io_.sharded_checks``: metadata and every
     item) and a backend's own sub-folders (every ``.pt`` / ``.bin`` / ``.pkl`` in them, a DeepSpeed tag for
     example). With ``distributed`` and a folder that the processes read together (sharded or engine state),
     each process checks its share and all raise the same error (:func:`~accel_train.checkpoint_safety.run_checks`).
@@ -374,13 +374,13 @@ def check_folder(folder: str, io_: Any, distributed: bool = False, ranks: Sequen
         UnsafeCheckpointError: a file would run code when unpickled (named, with what it asks for).
         CorruptCheckpointError: a file is damaged (named, with what was expected and found).
     """
-    from accel_train.checkpoint_integrity import check_rng_file, check_weights_file
+    from accel_train.checkpoint.integrity import check_rng_file, check_weights_file
     from accel_train.checkpoint_safety import run_checks
 
     entries = sorted(os.listdir(folder))
     shared = distributed and any(_READ_FOLDER_RE.match(e) and os.path.isdir(os.path.join(folder, e)) for e in entries)
 
-    def file_check(relative: str, check: Callable[[str], None] | None = None) -> tuple[str, Callable[[], None]]:
+    def file_check(relative: str, check: Callable[[str], Any] | None = None) -> tuple[str, Callable[[], None]]:
         path = os.path.join(folder, relative)
         return f"{relative}:{os.path.getsize(path)}", functools.partial(check or io_.check_file, path)
 
