@@ -73,7 +73,7 @@ _export(
 _export("tensors", "set_module_tensor_to_device")
 _export("checkpoint", "load_state_dict")
 _export("loading", "load_checkpoint_in_model", "CheckpointMismatchError")
-_export("tensor_io", "CheckpointError")
+_export("tensor_io", "CheckpointError", "CorruptCheckpointError")
 _export("safe_write", "CheckpointWriteError")
 _export(
     "offload",

@@ -1,7 +1,9 @@
 """Find and read checkpoint files: one file, a folder, or a sharded index (safetensors or ``.bin``).
 
 ``.bin`` files are read with ``torch.load(weights_only=True)`` (memory-mapped when possible), so a
-checkpoint never runs pickled code. Damaged files raise :class:`CheckpointError` naming the file.
+checkpoint never runs pickled code. Damaged files raise :class:`~accel_state.errors.CorruptCheckpointError`
+(a :class:`CheckpointError`) naming the file, what was expected and what was found; a well-formed
+``.bin`` whose pickle asks for code raises :class:`~accel_state.errors.UnsafeCheckpointError`.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from typing import Any
 
 import torch
 
+from accel_bigmodel.integrity import damaged_torch_file
 from accel_bigmodel.sharding import FILE_SIZES_KEY, SAVE_ID_KEY
-from accel_bigmodel.tensor_io import CheckpointError, TensorLocation, read_safetensors_header
+from accel_bigmodel.tensor_io import CheckpointError, TensorLocation, check_safetensors_file, read_safetensors_header
 from accel_state.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
-from accel_state.errors import UnsafeCheckpointError
+from accel_state.errors import CorruptCheckpointError, UnsafeCheckpointError
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
@@ -55,6 +58,13 @@ def _check_recorded(path: str, metadata: dict[str, Any], files: list[str]) -> No
         if isinstance(sizes, dict) and name in sizes:
             actual = os.path.getsize(file)
             if actual != sizes[name]:
+                damage = _damage(file)  # a damaged file (cut short, bytes added); a whole one is from another save
+                if damage is not None:
+                    raise CorruptCheckpointError(
+                        file,
+                        f"{sizes[name]} bytes: the index {path!r} records {sizes[name]}",
+                        f"{actual} bytes, and its own header expects {damage.expected}",
+                    )
                 raise CheckpointError(
                     f"Checkpoint file {file!r} has {actual} bytes but the index {path!r} records {sizes[name]}: "
                     "the folder mixes two saves or the file was changed; save the checkpoint again."
@@ -70,15 +80,30 @@ def _check_recorded(path: str, metadata: dict[str, Any], files: list[str]) -> No
                 )
 
 
+def _damage(path: str) -> CorruptCheckpointError | None:
+    """The error for the weights file ``path`` when it is damaged (its headers read only), else ``None``."""
+    if not is_safetensors(path):
+        return damaged_torch_file(path)
+    try:
+        check_safetensors_file(path)
+    except CorruptCheckpointError as damage:
+        return damage
+    return None
+
+
 def _read_index(path: str) -> CheckpointFiles:
     try:
         with open(path, encoding="utf-8") as f:
             index = json.load(f)
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"Index file {path!r} is not valid JSON: {err}.") from None
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise CorruptCheckpointError(path, "an index file in JSON", f"bytes that are not JSON ({err})") from None
     weight_map = index.get("weight_map", index) if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise CheckpointError(f"Index file {path!r} has no 'weight_map' of tensor name -> file name.")
+        raise CorruptCheckpointError(
+            path,
+            "an index with a 'weight_map' of tensor name -> file name",
+            f"a JSON {type(index).__name__} without one",
+        )
     key_to_file = {key: _inside(path, name, key) for key, name in weight_map.items()}
     files = list(dict.fromkeys(key_to_file.values()))
     missing = [f for f in files if not os.path.isfile(f)]
@@ -151,9 +176,12 @@ def load_bin(path: str) -> dict[str, torch.Tensor]:
             if "mmap" not in str(err) and "zip" not in str(err):
                 raise
             state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:  # the restricted unpickler refused something: nothing ran
-        raise UnsafeCheckpointError(path, refused_pickle_content(err), _UNSAFE_HINT) from None
-    except Exception as err:  # zip is truncated, not a torch file, ...
+    except Exception as err:
+        damaged = damaged_torch_file(path)  # zip cut short, CRC mismatch, garbled pickle
+        if damaged is not None:
+            raise damaged from None
+        if isinstance(err, pickle.UnpicklingError):  # a well-formed pickle the restricted unpickler refused
+            raise UnsafeCheckpointError(path, refused_pickle_content(err), _UNSAFE_HINT) from None
         raise CheckpointError(
             f"Cannot read checkpoint file {path!r} (truncated, corrupt, or holding more than tensors): {err}"
         ) from None
@@ -208,12 +236,14 @@ def load_state_dict(
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    _, metadata = read_safetensors_header(path)
+    _, metadata = check_safetensors_file(path)
     check_safetensors_format(path, metadata)
     try:
         state = load_file(path, device="cpu")
     except SafetensorError as err:
-        raise CheckpointError(f"Cannot read checkpoint file {path!r}: {err}.") from None
+        raise CorruptCheckpointError(
+            path, "a safetensors file", f"one the safetensors library refuses ({err})"
+        ) from None
     if device_map is None:
         return state
     from accel_bigmodel.planning import device_for

@@ -28,7 +28,6 @@ from accel_bigmodel.safe_write import (
 )
 from accel_bigmodel.tensor_io import (
     MAP_THRESHOLD,
-    CheckpointError,
     FileHandles,
     TensorLocation,
     dtype_from_name,
@@ -37,7 +36,7 @@ from accel_bigmodel.tensor_io import (
     read_safetensors_header,
     read_tensor,
 )
-from accel_state.errors import UnsafeCheckpointError
+from accel_state.errors import CorruptCheckpointError, UnsafeCheckpointError
 
 INDEX_NAME = "index.json"
 
@@ -85,9 +84,11 @@ def load_offloaded_weight(weight_file: str, weight_info: Mapping[str, Any]) -> t
     location = TensorLocation(weight_file, 0, dtype_from_name(weight_info["dtype"]), tuple(weight_info["shape"]))
     size = os.path.getsize(weight_file)
     if size != location.nbytes:
-        raise CheckpointError(
-            f"Offloaded weight file {weight_file!r} has {size} bytes but its index records {location.nbytes} "
-            f"(dtype {weight_info['dtype']}, shape {list(weight_info['shape'])}): truncated or from another save."
+        raise CorruptCheckpointError(
+            weight_file,
+            f"{location.nbytes} bytes: its index records {location.nbytes} "
+            f"(dtype {weight_info['dtype']}, shape {list(weight_info['shape'])})",
+            f"{size} bytes (cut short, or from another save)",
         )
     fd = os.open(weight_file, os.O_RDONLY)
     try:
@@ -172,7 +173,8 @@ def load_offload_index(offload_folder: str | os.PathLike[str]) -> dict[str, Any]
 
     Raises:
         UnsafeCheckpointError: an entry names a file outside the folder (absolute path or ``..``).
-        CheckpointError: the index is not a JSON object of entries.
+        CorruptCheckpointError: the index is not JSON, or not a JSON object of entries (a
+            :class:`CheckpointError`).
     """
     path = os.path.join(offload_folder, INDEX_NAME)
     if not os.path.isfile(path):
@@ -181,9 +183,11 @@ def load_offload_index(offload_folder: str | os.PathLike[str]) -> dict[str, Any]
         with open(path, encoding="utf-8") as f:
             index = json.load(f)
     except ValueError as err:
-        raise CheckpointError(f"Offload index {path!r} is not valid JSON: {err}.") from None
+        raise CorruptCheckpointError(path, "an offload index in JSON", f"bytes that are not JSON ({err})") from None
     if not isinstance(index, dict) or not all(isinstance(v, dict) for v in index.values()):
-        raise CheckpointError(f"Offload index {path!r} is not a JSON object of weight name -> entry.")
+        raise CorruptCheckpointError(
+            path, "a JSON object of weight name -> entry (an object)", f"a JSON {type(index).__name__} of other values"
+        )
     for key, info in index.items():
         if "safetensors_file" in info:
             _inside(path, str(info["safetensors_file"]), key)
@@ -341,9 +345,11 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
         location = TensorLocation(path, 0, dtype, tuple(info["shape"]))
         size = os.path.getsize(path)
         if size != location.nbytes:
-            raise CheckpointError(
-                f"Offloaded weight file {path!r} has {size} bytes but its index records {location.nbytes} "
-                f"(dtype {info['dtype']}, shape {list(info['shape'])}): truncated or from another save."
+            raise CorruptCheckpointError(
+                path,
+                f"{location.nbytes} bytes: its index records {location.nbytes} "
+                f"(dtype {info['dtype']}, shape {list(info['shape'])})",
+                f"{size} bytes (cut short, or from another save)",
             )
         return location, dtype
 

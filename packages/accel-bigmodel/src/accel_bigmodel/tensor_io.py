@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from accel_state.errors import CheckpointError, CorruptCheckpointError
+
 SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
     "F32": torch.float32,
@@ -39,10 +41,6 @@ for _name, _attr in (
 ):
     if hasattr(torch, _attr):
         SAFETENSORS_DTYPES[_name] = getattr(torch, _attr)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file that cannot be read: truncated, corrupt, or not what its name says."""
 
 
 @dataclass(frozen=True)
@@ -75,52 +73,96 @@ def _element_size(dtype: torch.dtype) -> int:
 def read_safetensors_header(path: str) -> tuple[dict[str, TensorLocation], dict[str, str]]:
     """Tensor locations and metadata of a safetensors file, read from its header only.
 
-    A header that is not JSON, or a tensor whose bytes lie beyond the end of the file, is a
-    :class:`CheckpointError` naming the file.
+    A file too short for the header it announces, a header that is not a JSON object, or a tensor whose
+    bytes lie beyond the end of the file is a :class:`~accel_state.errors.CorruptCheckpointError` naming
+    the file (a :class:`CheckpointError` too); an unknown dtype a :class:`CheckpointError`.
+
+    Args:
+        path: the safetensors file.
     """
+    return _read_header(path)[1:]
+
+
+def _read_header(path: str) -> tuple[int, dict[str, TensorLocation], dict[str, str]]:
+    """``(header length, locations, metadata)`` of the safetensors file ``path``."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        raw_len = f.read(8)
+        if len(raw_len) < 8:
+            raise CorruptCheckpointError(
+                path, "a safetensors file starting with the 8-byte header length", f"{size} bytes"
+            )
+        (header_len,) = struct.unpack("<Q", raw_len)
+        if header_len > size - 8:
+            raise CorruptCheckpointError(
+                path,
+                f"a safetensors header of {header_len} bytes after its 8-byte length (as the file's first bytes say)",
+                f"a file of {size} bytes",
+            )
+        raw = f.read(header_len)
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            raw_len = f.read(8)
-            if len(raw_len) < 8:
-                raise CheckpointError(
-                    f"Checkpoint file {path!r} is truncated: it is {size} bytes, too short for a safetensors header."
-                )
-            (header_len,) = struct.unpack("<Q", raw_len)
-            if header_len > size - 8:
-                raise CheckpointError(
-                    f"Checkpoint file {path!r} is truncated or not a safetensors file: its header claims "
-                    f"{header_len} bytes but the file has {size}."
-                )
-            header = json.loads(f.read(header_len))
+        header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(
-            f"Checkpoint file {path!r} is corrupt: its safetensors header is not valid JSON ({err})."
-        ) from None
+        raise CorruptCheckpointError(path, "a safetensors header in JSON", f"bytes that are not JSON ({err})") from None
     if not isinstance(header, dict):
-        raise CheckpointError(f"Checkpoint file {path!r} is corrupt: its safetensors header is not a JSON object.")
+        raise CorruptCheckpointError(path, "a safetensors header holding a JSON object", f"a {type(header).__name__}")
     metadata = header.pop("__metadata__", None) or {}
     base = 8 + header_len
     locations: dict[str, TensorLocation] = {}
     for name, info in header.items():
         try:
             dtype = SAFETENSORS_DTYPES[info["dtype"]]
-            begin, end = info["data_offsets"]
+            begin, end = (int(offset) for offset in info["data_offsets"])
             shape = tuple(int(d) for d in info["shape"])
         except (KeyError, TypeError, ValueError):
             raise CheckpointError(
                 f"Checkpoint file {path!r} is corrupt or uses an unknown dtype for tensor {name!r}: {info!r}."
             ) from None
         if base + end > size:
-            raise CheckpointError(
-                f"Checkpoint file {path!r} is truncated: tensor {name!r} ends at byte {base + end} but the file has {size} bytes."
+            raise CorruptCheckpointError(
+                path, f"tensor {name!r} in bytes {base + begin} to {base + end}", f"a file of {size} bytes"
             )
         location = TensorLocation(path, base + begin, dtype, shape)
         if location.nbytes != end - begin:
-            raise CheckpointError(
-                f"Checkpoint file {path!r} is corrupt: tensor {name!r} has {end - begin} bytes for shape {shape}."
+            raise CorruptCheckpointError(
+                path,
+                f"{location.nbytes} bytes for tensor {name!r} ({info['dtype']}, shape {list(shape)})",
+                f"{end - begin} bytes in its header entry",
             )
         locations[name] = location
+    return header_len, locations, metadata
+
+
+def check_safetensors_file(path: str) -> tuple[dict[str, TensorLocation], dict[str, str]]:
+    """The header of a safetensors file, checked to describe the whole file as the safetensors library
+    requires before it reads one: tensors packed one after the other from the end of the header, the
+    last ending at the end of the file. Reads the header only.
+
+    Args:
+        path: the safetensors file.
+
+    Raises:
+        CorruptCheckpointError: the file is shorter or longer than its header says, or its header is
+            broken (see :func:`read_safetensors_header`).
+    """
+    header_len, locations, metadata = _read_header(path)
+    base = 8 + header_len
+    position = base
+    for name, location in sorted(locations.items(), key=lambda item: (item[1].offset, item[1].nbytes)):
+        if location.offset != position:
+            raise CorruptCheckpointError(
+                path,
+                f"tensor {name!r} to start at byte {position}, right after the previous one",
+                f"a header placing it at byte {location.offset}",
+            )
+        position += location.nbytes
+    size = os.path.getsize(path)
+    if position != size:
+        raise CorruptCheckpointError(
+            path,
+            f"{position} bytes (a {header_len}-byte header and {position - base} bytes of tensors)",
+            f"a file of {size} bytes",
+        )
     return locations, metadata
 
 
@@ -140,7 +182,9 @@ def read_into(fd: int, offset: int, tensor: torch.Tensor, path: str = "<file>") 
     while done < nbytes:
         count = os.preadv(fd, [view[done:]], offset + done)
         if count <= 0:
-            raise CheckpointError(f"File {path!r} ended early: expected {nbytes} bytes at offset {offset}, got {done}.")
+            raise CorruptCheckpointError(
+                path, f"{nbytes} bytes at byte {offset}", f"the file ending after {done} of them"
+            )
         done += count
     return tensor
 

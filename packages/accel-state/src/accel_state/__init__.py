@@ -28,7 +28,7 @@ _export(
     "SageMakerDistributedType",
 )
 _export("kwargs", "KwargsHandler", "InitProcessGroupKwargs")
-_export("errors", "UnsafeCheckpointError")
+_export("errors", "UnsafeCheckpointError", "CorruptCheckpointError", "CheckpointError")
 _export(
     "operations",
     "gather",

@@ -109,6 +109,7 @@ _export(
 )
 _export("checkpointing", "CheckpointMismatchError")
 _export("checkpoint_io", "UnsafeCheckpointError")
+_export("checkpoint.integrity", "CorruptCheckpointError")
 _export("strategies.fsdp.merge", "merge_fsdp_weights")
 _export(
     "strategies.fsdp.utils",

@@ -21,7 +21,8 @@ file                      format
 ========================  ==========================================================================
 
 The names of the documented layout are kept (``random_states_{rank}`` gets the ``.safetensors``
-suffix since it is no longer a pickle).
+suffix since it is no longer a pickle). A damaged file raises :class:`~accel_state.errors.CorruptCheckpointError`
+(:mod:`accel_train.checkpoint.integrity`), one that would run code :class:`UnsafeCheckpointError`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import contextlib
 import json
 import logging
 import os
-import pickle
 import random
 import re
 import shutil
@@ -58,17 +58,22 @@ def save_torch(obj: Any, path: str) -> None:
 
 
 def load_torch(path: str, map_location: Any = "cpu") -> Any:
-    """``torch.load(weights_only=True)``: tensors and plain values only; any other pickle is refused."""
-    from accel_train.checkpoint_safety import unsafe_found
+    """``torch.load(weights_only=True)``: tensors and plain values only; any other pickle is refused
+    (:class:`UnsafeCheckpointError`), a damaged file named (:class:`CorruptCheckpointError`).
+
+    Args:
+        path: the ``torch.save`` file.
+        map_location: where tensors are placed, as in ``torch.load``.
+    """
+    from accel_train.checkpoint.integrity import torch_load_failure
 
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as error:
-        raise UnsafeCheckpointError(path, unsafe_found(error)) from None
-    except RuntimeError as error:
-        if "weights_only" in str(error) or "Weights only load failed" in str(error):
-            raise UnsafeCheckpointError(path, unsafe_found(error)) from None
-        raise
+    except Exception as error:
+        failure = torch_load_failure(path, error)
+        if failure is error:
+            raise
+        raise failure from None
 
 
 def _shared_groups(state_dict: Mapping[str, torch.Tensor]) -> list[list[str]]:
@@ -172,14 +177,20 @@ def load(f: str | os.PathLike[str], map_location: Any = None, **kwargs: Any) -> 
 
 
 def load_weights(path: str, device: Any = "cpu") -> dict[str, torch.Tensor]:
-    """Read a model state dict written by :func:`save_weights` (or a reference checkpoint)."""
+    """Read a model state dict written by :func:`save_weights` (or a reference checkpoint); a damaged
+    file raises :class:`CorruptCheckpointError` before any tensor is read.
+
+    Args:
+        path: a ``.safetensors`` file, or a ``torch.save`` file (read as :func:`load_torch` does).
+        device: where tensors are placed.
+    """
     if path.endswith(".safetensors"):
-        from safetensors import safe_open
         from safetensors.torch import load_file
 
+        from accel_bigmodel.tensor_io import check_safetensors_file
+
+        _, metadata = check_safetensors_file(path)
         state = load_file(path, device=str(device))
-        with safe_open(path, framework="pt") as handle:
-            metadata = handle.metadata() or {}
         for alias, name in json.loads(metadata.get("accel_aliases", "{}")).items():
             state[alias] = state[name]
         return state
@@ -267,9 +278,18 @@ def save_rng(path: str, extra_generators: Mapping[str, torch.Generator] | None =
 
 
 def load_rng(path: str, extra_generators: Mapping[str, torch.Generator] | None = None) -> None:
-    """Restore every generator saved by :func:`save_rng` (those absent here are skipped)."""
+    """Restore every generator saved by :func:`save_rng` (those absent here are skipped); a damaged file
+    raises :class:`CorruptCheckpointError` before any generator changes.
+
+    Args:
+        path: the ``random_states_{rank}.safetensors`` file.
+        extra_generators: generators restored from the file's ``generator.<name>`` entries, by name.
+    """
     from safetensors import safe_open
 
+    from accel_train.checkpoint.integrity import check_rng_file
+
+    check_rng_file(path, RNG_FORMAT)
     with safe_open(path, framework="pt") as handle:
         metadata = handle.metadata() or {}
         if metadata.get("format") != RNG_FORMAT:
@@ -304,14 +324,18 @@ def write_manifest(folder: str, content: dict[str, Any]) -> None:
 
 
 def read_manifest(folder: str) -> dict[str, Any] | None:
+    """The manifest of ``folder`` (``None`` when it has none); not JSON, or not the manifest's structure, it
+    raises :class:`CorruptCheckpointError`.
+
+    Args:
+        folder: the checkpoint folder.
+    """
+    from accel_train.checkpoint.integrity import read_manifest_file
+
     path = os.path.join(folder, MANIFEST_NAME)
     if not os.path.isfile(path):
         return None
-    with open(path, encoding="utf-8") as handle:
-        data = json.load(handle)
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} is not a valid accel checkpoint manifest")
-    return data
+    return read_manifest_file(path)
 
 
 # -- the object strategies write through ---------------------------------------------------------------
@@ -451,7 +475,12 @@ class CheckpointIO:
 
     def check_file(self, path: str) -> None:
         """Refuse a ``torch.save`` file whose pickle names anything but tensors, plain values and
-        :attr:`allowed_globals` (:class:`UnsafeCheckpointError`); reads no tensor data."""
+        :attr:`allowed_globals` (:class:`UnsafeCheckpointError`), or that is damaged
+        (:class:`CorruptCheckpointError`); reads no tensor data.
+
+        Args:
+            path: the file.
+        """
         from accel_train.checkpoint_safety import check_torch_file
 
         check_torch_file(path, self.allowed_globals)

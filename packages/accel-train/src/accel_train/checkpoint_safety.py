@@ -14,7 +14,9 @@ Three formats reach a pickle reader somewhere below accel:
   refused folder leaves the model and optimizer untouched.
 
 A refused file raises :class:`~accel_state.errors.UnsafeCheckpointError` naming the file and
-the Python global it asked for; nothing of it was executed. :func:`run_checks` shares the checks of a
+the Python global it asked for; nothing of it was executed. A damaged file (a zip cut short, a CRC
+that differs, a pickle that ends early) raises :class:`~accel_state.errors.CorruptCheckpointError`
+instead (:mod:`accel_train.checkpoint.integrity`). :func:`run_checks` shares the checks of a
 folder that all processes load out between them (each checks a slice) and gives every process the
 same verdict in one collective.
 """
@@ -33,7 +35,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from accel_state.errors import UnsafeCheckpointError
+from accel_state.errors import CorruptCheckpointError, UnsafeCheckpointError
 
 __all__ = [
     "DCP_METADATA_GLOBALS",
@@ -123,16 +125,6 @@ def _globals_in(data: bytes) -> list[str]:
     return [name for name in dict.fromkeys(names) if not name.startswith(_SAFE_GLOBAL_PREFIXES)]
 
 
-def _is_weights_only_error(error: BaseException) -> bool:
-    if isinstance(error, pickle.UnpicklingError):
-        return True
-    text = str(error)
-    return "weights_only" in text or "Weights only load failed" in text
-
-
-#: How much of a refused file is read to name the globals it asks for.
-_SCAN_LIMIT = 64 * 1024 * 1024
-
 # -- torch.save zips -----------------------------------------------------------------------------------------
 
 
@@ -147,15 +139,22 @@ def check_torch_stream(stream: BinaryIO, path: str, allowed: Iterable[Any] = ())
 
     Raises:
         UnsafeCheckpointError: the pickle names a global outside torch's weights-only set and ``allowed``.
+        CorruptCheckpointError: the file is damaged (zip cut short, a record outside the file, a CRC that
+            differs, a broken pickle stream): checked first, from the zip's structure.
     """
+    from accel_bigmodel.integrity import check_torch_file_structure
+    from accel_train.checkpoint.integrity import torch_load_failure
+
+    check_torch_file_structure(stream, path)
+    stream.seek(0)
     try:
         with torch.serialization.safe_globals(list(allowed)):
             torch.load(stream, map_location="meta", weights_only=True)
     except Exception as error:
-        if _is_weights_only_error(error):
-            stream.seek(0)
-            raise UnsafeCheckpointError(path, unsafe_found(error, stream.read(_SCAN_LIMIT))) from None
-        raise
+        failure = torch_load_failure(path, error, stream)
+        if failure is error:
+            raise
+        raise failure from None
 
 
 def check_torch_file(path: str | os.PathLike[str], allowed: Iterable[Any] = ()) -> None:
@@ -167,13 +166,15 @@ def check_torch_file(path: str | os.PathLike[str], allowed: Iterable[Any] = ()) 
 
 def load_torch_bytes(data: BinaryIO, path: str) -> Any:
     """``torch.load(weights_only=True)`` of an in-memory ``torch.save`` (a DCP non-tensor item)."""
+    from accel_train.checkpoint.integrity import torch_load_failure
+
     try:
         return torch.load(data, weights_only=True)
     except Exception as error:
-        if _is_weights_only_error(error):
-            data.seek(0)
-            raise UnsafeCheckpointError(path, unsafe_found(error, data.read(_SCAN_LIMIT))) from None
-        raise
+        failure = torch_load_failure(path, error, data)
+        if failure is error:
+            raise
+        raise failure from None
 
 
 # -- torch.distributed.checkpoint folders ---------------------------------------------------------------------
@@ -211,6 +212,7 @@ def read_dcp_metadata(path: str | os.PathLike[str]) -> Any:
 
     Raises:
         UnsafeCheckpointError: the file names another class, or is not a DCP metadata pickle.
+        CorruptCheckpointError: the file is not a well-formed pickle (cut short, garbled).
     """
     path = os.fspath(path)
     stat = os.stat(path)
@@ -228,12 +230,18 @@ def read_dcp_metadata(path: str | os.PathLike[str]) -> Any:
 def _read_dcp_metadata(path: str) -> Any:
     from torch.distributed.checkpoint.metadata import Metadata
 
+    from accel_bigmodel.integrity import pickle_damage
+
     with open(path, "rb") as stream:
         try:
             metadata = _DcpUnpickler(stream, path).load()
         except UnsafeCheckpointError:
             raise
         except Exception as error:
+            stream.seek(0)
+            damage = pickle_damage(stream.read())
+            if damage is not None:
+                raise CorruptCheckpointError(path, "DCP metadata as a well-formed pickle", damage) from None
             raise UnsafeCheckpointError(path, f"not a DCP metadata pickle ({type(error).__name__}: {error})") from None
     if not isinstance(metadata, Metadata):
         raise UnsafeCheckpointError(path, f"a {type(metadata).__name__} instead of DCP Metadata")
@@ -332,9 +340,12 @@ def _check_pickle(pickled: bytes, path: str) -> bool:
     try:
         unpickler.load()
     except Exception as error:
-        if _is_weights_only_error(error):
-            raise UnsafeCheckpointError(path, unsafe_found(error, pickled)) from None
-        raise
+        from accel_train.checkpoint.integrity import torch_load_failure
+
+        failure = torch_load_failure(path, error, pickled=pickled)
+        if failure is error:
+            raise
+        raise failure from None
     return True
 
 
@@ -460,7 +471,8 @@ def dcp_folder_checks(folder: str | os.PathLike[str], verified: set[bytes] | Non
     Raises:
         UnsafeCheckpointError: the metadata names a class outside the allow-list.
         FileNotFoundError: the metadata names a data file that is missing.
-        ValueError: a data file lies outside the folder or is shorter than its items.
+        ValueError: a data file lies outside the folder.
+        CorruptCheckpointError: a data file is shorter than its items.
     """
     return _dcp_checks(os.fspath(folder), set() if verified is None else verified)[1]
 
@@ -481,9 +493,10 @@ def _dcp_checks(folder: str, verified: set[bytes]) -> tuple[Any, list[Check]]:
         size = os.path.getsize(path)
         for info in sorted(by_file[relative], key=lambda item: (item.offset, item.length)):
             if info.offset + info.length > size:
-                raise ValueError(
-                    f"{path} is shorter ({size} bytes) than its metadata says (an item ends at "
-                    f"{info.offset + info.length}): the file was truncated or replaced"
+                raise CorruptCheckpointError(
+                    path,
+                    f"an item ending at byte {info.offset + info.length}, as {folder}/.metadata records",
+                    f"a file of {size} bytes (cut short, or replaced)",
                 )
             if getattr(info, "transform_descriptors", None):
                 continue  # compressed items: torch reads them with weights_only=True (checked on load)
@@ -533,6 +546,7 @@ def run_checks(plan: Callable[[], Sequence[Check]], distributed: bool = False) -
 
     Raises:
         UnsafeCheckpointError: a checked file would run code (the first refused, in plan order).
+        CorruptCheckpointError: a checked file is damaged.
         FileNotFoundError: a file the checkpoint needs is missing.
         ValueError: a file is truncated or points outside its folder.
     """

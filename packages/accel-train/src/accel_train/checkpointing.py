@@ -351,32 +351,38 @@ _READ_TORCH_FILE_RE = re.compile(
 
 #: The folders of the layout that a load reads: DCP folders and a DeepSpeed engine's tag folder.
 _READ_FOLDER_RE = re.compile(r"^(pytorch_model(_fsdp)?(_\d+)?|optimizer_\d+)$")
+_READ_WEIGHTS_RE = re.compile(r"^model(_\d+)?\.safetensors$")
 
 
-def check_folder(folder: str, io_: Any, distributed: bool = False) -> None:
-    """Check every file a load of ``folder`` reads before anything is loaded, so that a refused file leaves
-    the model and optimizer untouched: ``torch.save`` files of the layout (``io_.check_file``), DCP folders
-    (``io_.sharded_checks``: metadata and every item) and a backend's own sub-folders (every ``.pt`` /
-    ``.bin`` / ``.pkl`` in them, a DeepSpeed tag for example). With ``distributed`` and a folder that the
-    processes read together (sharded or engine state), each process checks its share and all raise the
-    same error (:func:`~accel_train.checkpoint_safety.run_checks`).
+def check_folder(folder: str, io_: Any, distributed: bool = False, ranks: Sequence[int] | None = None) -> None:
+    """Check every file a load of ``folder`` reads before anything is loaded, so that a refused or damaged
+    file leaves the model and optimizer untouched: ``torch.save`` files of the layout (``io_.check_file``),
+    safetensors weights and the random states and gradients of ``ranks`` (their headers:
+    :mod:`~accel_train.checkpoint.integrity`), DCP folders (``io_.sharded_checks``: metadata and every
+    item) and a backend's own sub-folders (every ``.pt`` / ``.bin`` / ``.pkl`` in them, a DeepSpeed tag for
+    example). With ``distributed`` and a folder that the processes read together (sharded or engine state),
+    each process checks its share and all raise the same error (:func:`~accel_train.checkpoint_safety.run_checks`).
 
     Args:
         folder: the checkpoint folder.
         io_: the :class:`~accel_train.checkpoint_io.CheckpointIO` whose checks apply.
         distributed: whether every process of the run calls this on the same folder.
+        ranks: the processes whose own files (random states, gradients) this load reads; all present when
+            not given.
 
     Raises:
         UnsafeCheckpointError: a file would run code when unpickled (named, with what it asks for).
+        CorruptCheckpointError: a file is damaged (named, with what was expected and found).
     """
+    from accel_train.checkpoint.integrity import check_rng_file, check_weights_file
     from accel_train.checkpoint_safety import run_checks
 
     entries = sorted(os.listdir(folder))
     shared = distributed and any(_READ_FOLDER_RE.match(e) and os.path.isdir(os.path.join(folder, e)) for e in entries)
 
-    def file_check(relative: str) -> tuple[str, Callable[[], None]]:
+    def file_check(relative: str, check: Callable[[str], Any] | None = None) -> tuple[str, Callable[[], None]]:
         path = os.path.join(folder, relative)
-        return f"{relative}:{os.path.getsize(path)}", functools.partial(io_.check_file, path)
+        return f"{relative}:{os.path.getsize(path)}", functools.partial(check or io_.check_file, path)
 
     def plan() -> list[tuple[str, Callable[[], None]]]:
         checks: list[tuple[str, Callable[[], None]]] = []
@@ -403,6 +409,14 @@ def check_folder(folder: str, io_: Any, distributed: bool = False) -> None:
                             checks.append(file_check(os.path.join(relative, name)))
             elif _READ_TORCH_FILE_RE.match(entry):
                 checks.append(file_check(entry))
+            elif _READ_WEIGHTS_RE.match(entry):
+                checks.append(file_check(entry, check_weights_file))
+        per_process = re.compile(rf"^(?:{FILE_NAMES['rng']}|{FILE_NAMES['grads']})_(\d+)\.safetensors$")
+        present = sorted({int(match.group(1)) for match in map(per_process.match, entries) if match})
+        for rank in present if ranks is None else ranks:
+            for name, check in ((rng_file(rank), check_rng_file), (grads_file(rank), check_weights_file)):
+                if os.path.isfile(os.path.join(folder, name)):
+                    checks.append(file_check(name, check))
         return checks
 
     run_checks(plan, distributed=shared)
@@ -520,8 +534,12 @@ def read_objects(
         strict: every model key must match.
         distributed: every process calls this on the same folder (the checks are shared out between them).
     """
+    import torch.distributed as dist
+
     io_ = strategy.checkpoint_io
-    check_folder(folder, io_, distributed=distributed)
+    grouped = distributed and dist.is_available() and dist.is_initialized()
+    ranks = range(dist.get_world_size()) if grouped else [process_index]  # whose own files the run reads
+    check_folder(folder, io_, distributed=distributed, ranks=ranks)
     for model, entry in zip(objects.models, model_entries):
         strategy.load_model_checkpoint(model, folder, entry, device, strict=strict)
     for index, optimizer in enumerate(objects.optimizers):

@@ -1,0 +1,206 @@
+"""Damaged checkpoint files: found before anything is loaded, and told apart from refused ones.
+
+A file cut short or with garbled bytes raises :class:`~accel_state.errors.CorruptCheckpointError`
+naming it, what was expected there and what was found; a well-formed file that asks to run code stays
+an :class:`~accel_state.errors.UnsafeCheckpointError`. ``load_state`` runs these checks on every file
+it will read (:func:`~accel_train.checkpointing.check_folder`) before loading any, so a damaged file
+leaves the model and optimizer as they were.
+
+=====================================  ======================================================================
+file                                   damaged when
+=====================================  ======================================================================
+``model.safetensors``, RNG and         the file is shorter or longer than its header says, or the header is
+gradient ``.safetensors`` files        not JSON (:func:`~accel_bigmodel.tensor_io.check_safetensors_file`)
+``random_states_{rank}.safetensors``   also: the generator states in its header are not the JSON written
+``optimizer.bin`` and other            the zip is cut short or its directory garbled, a record lies outside
+``torch.save`` files                   the file, the pickle's CRC-32 differs, or the pickle stream ends early
+                                       or holds a byte that is no opcode (:mod:`accel_bigmodel.integrity`)
+``accel_checkpoint.json``              it is not JSON, or not an object with the manifest's fields
+=====================================  ======================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from typing import Any, BinaryIO
+
+from accel_bigmodel.integrity import damaged_torch_file, pickle_damage
+from accel_bigmodel.tensor_io import check_safetensors_file
+from accel_state.errors import CorruptCheckpointError, UnsafeCheckpointError
+
+__all__ = [
+    "check_rng_file",
+    "check_weights_file",
+    "is_weights_only_error",
+    "read_manifest_file",
+    "torch_load_failure",
+]
+
+#: How much of a refused file is read to name the globals it asks for.
+SCAN_LIMIT = 64 * 1024 * 1024
+
+#: The generator states an RNG file's header holds as JSON: key -> number of items (numpy's is optional).
+_RNG_JSON = {"random_state": 3, "numpy_random_seed": 5}
+
+#: The manifest's fields and the types they hold (a field may be absent: older or other writers).
+_MANIFEST_FIELDS: dict[str, tuple[type, ...]] = {
+    "format_version": (int,),
+    "num_processes": (int,),
+    "step": (int, type(None)),
+    "safe_serialization": (bool,),
+    "strategy": (str,),
+    "process_files": (str,),
+    "models": (list,),
+    "optimizers": (list,),
+    "schedulers": (list,),
+    "dataloaders": (list,),
+    "custom": (list,),
+    "scaler": (str, type(None)),
+}
+
+
+def is_weights_only_error(error: BaseException) -> bool:
+    """Whether ``error`` is torch's weights-only reader refusing (or failing on) a pickle.
+
+    Args:
+        error: what ``torch.load(weights_only=True)`` raised.
+    """
+    if isinstance(error, pickle.UnpicklingError):
+        return True
+    text = str(error)
+    return "weights_only" in text or "Weights only load failed" in text
+
+
+def _read_start(path: str, stream: BinaryIO | None) -> bytes | None:
+    try:
+        if stream is not None:
+            stream.seek(0)
+            return stream.read(SCAN_LIMIT)
+        with open(path, "rb") as handle:
+            return handle.read(SCAN_LIMIT)
+    except OSError:
+        return None
+
+
+def torch_load_failure(
+    path: str, error: BaseException, stream: BinaryIO | None = None, pickled: bytes | None = None
+) -> BaseException:
+    """The error to raise for a ``torch.save`` file (or one of its pickles) that torch's weights-only reader
+    failed on: :class:`CorruptCheckpointError` when the file is damaged, :class:`UnsafeCheckpointError`
+    when a well-formed pickle was refused, else ``error`` itself (an I/O error, a device missing here ...).
+
+    Args:
+        path: the file named in the error.
+        error: what the reader raised.
+        stream: the file's content when it is not read from ``path`` (a DCP item, bytes in memory).
+        pickled: the pickle alone, when only it was read (its zip was checked before).
+    """
+    if isinstance(error, OSError):
+        return error
+    if pickled is not None:
+        found = pickle_damage(pickled)
+        damaged = None if found is None else CorruptCheckpointError(path, "a well-formed pickle", found)
+    else:
+        damaged = damaged_torch_file(path, stream)
+    if damaged is not None:
+        return damaged
+    if is_weights_only_error(error):
+        from accel_train.checkpoint_safety import unsafe_found
+
+        return UnsafeCheckpointError(
+            path, unsafe_found(error, pickled if pickled is not None else _read_start(path, stream))
+        )
+    text = str(error)
+    if isinstance(error, EOFError) or (
+        isinstance(error, RuntimeError) and ("PytorchStreamReader" in text or "zip" in text)
+    ):
+        first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+        return CorruptCheckpointError(
+            path, "a torch.save file torch can read", f"{type(error).__name__}: {first[:200]}"
+        )
+    return error
+
+
+def check_weights_file(path: str) -> None:
+    """Raise :class:`CorruptCheckpointError` when the safetensors file ``path`` is shorter or longer than its
+    header says, or its header is broken; reads the header only.
+
+    Args:
+        path: a ``.safetensors`` file of the checkpoint (model weights, accumulated gradients).
+    """
+    check_safetensors_file(path)
+
+
+def check_rng_file(path: str, rng_format: str = "accel-rng-1") -> dict[str, str]:
+    """Check ``random_states_{rank}.safetensors`` as :func:`check_weights_file` does, and the generator states
+    its header holds as JSON; returns the header's metadata. A file of another format is left to the reader
+    (it says which format it found).
+
+    Args:
+        path: the RNG state file.
+        rng_format: the ``format`` of accel's RNG files (``checkpoint_io.RNG_FORMAT``).
+
+    Raises:
+        CorruptCheckpointError: the file or the states in its header are damaged.
+    """
+    locations, metadata = check_safetensors_file(path)
+    if metadata.get("format") != rng_format:
+        return metadata
+    if "torch_manual_seed" not in locations:
+        raise CorruptCheckpointError(path, "torch's generator state 'torch_manual_seed'", "a header without it")
+    for key, length in _RNG_JSON.items():
+        if key not in metadata:
+            if key == "random_state":
+                raise CorruptCheckpointError(path, "Python's generator state 'random_state'", "a header without it")
+            continue
+        try:
+            value = json.loads(metadata[key])
+        except ValueError as err:
+            raise CorruptCheckpointError(
+                path, f"the generator state {key!r} in JSON", f"text that is not ({err})"
+            ) from None
+        if not isinstance(value, list) or len(value) != length:
+            raise CorruptCheckpointError(
+                path, f"the generator state {key!r} as a list of {length} items", f"{str(value)[:80]!r}"
+            )
+    return metadata
+
+
+def _manifest_problem(data: Any) -> str | None:
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}"
+    for key, types in _MANIFEST_FIELDS.items():
+        if key not in data:
+            continue
+        value = data[key]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            return f"{key!r} = {str(value)[:80]!r}"
+    if isinstance(data.get("num_processes"), int) and data["num_processes"] < 1:
+        return f"'num_processes' = {data['num_processes']}"
+    return None
+
+
+def read_manifest_file(path: str) -> dict[str, Any]:
+    """The manifest ``accel_checkpoint.json`` at ``path``, checked to be a JSON object whose fields hold what
+    accel writes there (absent fields are allowed).
+
+    Args:
+        path: the manifest file.
+
+    Raises:
+        CorruptCheckpointError: the file is not JSON, or not the manifest's structure.
+    """
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise CorruptCheckpointError(
+            path, "the checkpoint's manifest in JSON", f"bytes that are not JSON ({err})"
+        ) from None
+    problem = _manifest_problem(data)
+    if problem is not None:
+        raise CorruptCheckpointError(
+            path, "a JSON object with the manifest's fields (format_version, num_processes, step ...)", problem
+        )
+    return data
