@@ -1,9 +1,27 @@
-"""Small models shared by the tests (importable by worker processes)."""
+"""Small models shared by the tests (importable by worker processes), and what the checkpoint tests share:
+a planted pickle payload and a state copy."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
+
+
+class Payload:
+    """Unpickling this runs ``os.system`` (a real exploit shape); accel must never do it."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (os.system, (f"touch {self.marker}",))
+
+
+def state_values(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of ``model``'s state, to compare after a load."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 class Block(nn.Module):

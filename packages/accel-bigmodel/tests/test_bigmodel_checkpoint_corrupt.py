@@ -9,13 +9,13 @@ model changes. A well-formed pickle asking for ``os.system`` stays an ``UnsafeCh
 from __future__ import annotations
 
 import json
-import os
 import zipfile
 from pathlib import Path
 
 import kill_sharded_save  # builds the test network, beside this file
 import pytest
 import torch
+from bigmodel_models import Payload, state_values
 from torch import nn
 
 from accel_bigmodel import CorruptCheckpointError, OffloadedWeightsLoader, load_checkpoint_in_model
@@ -26,22 +26,8 @@ from accel_bigmodel.tensor_io import CheckpointError
 from accel_state.errors import UnsafeCheckpointError
 
 
-class _Payload:
-    """Unpickling this runs ``os.system`` (a real exploit shape)."""
-
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (os.system, (f"touch {self.marker}",))
-
-
 def _net(seed: int = 0) -> nn.Module:
     return kill_sharded_save.net(seed)
-
-
-def _values(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def _assert_unchanged(model: nn.Module, before: dict[str, torch.Tensor]) -> None:
@@ -73,7 +59,7 @@ def _truncate(path: Path, keep: int) -> None:
 
 
 def _expect_corrupt(model: nn.Module, checkpoint: Path, damaged: Path) -> CorruptCheckpointError:
-    before = _values(model)
+    before = state_values(model)
     with pytest.raises(CorruptCheckpointError) as info:
         load_checkpoint_in_model(model, checkpoint)
     error = info.value
@@ -162,9 +148,9 @@ def test_invalid_opcode_without_crc_is_corrupt(tmp_path: Path) -> None:
 def test_planted_pickle_stays_unsafe(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
     path = tmp_path / "pytorch_model.bin"
-    torch.save({**_net(1).state_dict(), "extra": _Payload(str(marker))}, path)
+    torch.save({**_net(1).state_dict(), "extra": Payload(str(marker))}, path)
     model = _net(0)
-    before = _values(model)
+    before = state_values(model)
     with pytest.raises(UnsafeCheckpointError) as info:
         load_checkpoint_in_model(model, tmp_path)
     assert not isinstance(info.value, CorruptCheckpointError)
@@ -193,6 +179,6 @@ def test_pickle_damage_tells_broken_from_well_formed() -> None:
 
     whole = pickle.dumps({"a": [1, 2.0, "three"]}, protocol=2)
     assert pickle_damage(whole) is None
-    assert pickle_damage(pickle.dumps(_Payload("m"), protocol=2)) is None  # crafted, but well formed
+    assert pickle_damage(pickle.dumps(Payload("m"), protocol=2)) is None  # crafted, but well formed
     assert "STOP" in (pickle_damage(whole[:-1]) or "") or "exhausted" in (pickle_damage(whole[:-1]) or "")
     assert pickle_damage(whole[:2] + b"x" + whole[3:]) is not None

@@ -25,6 +25,7 @@ from pathlib import Path
 import kill_sharded_save  # the SIGKILL test's child script, beside this file
 import pytest
 import torch
+from bigmodel_models import Payload, state_values
 from torch import nn
 
 from accel_bigmodel import OffloadedWeightsLoader, load_checkpoint_in_model
@@ -36,22 +37,8 @@ from accel_state.errors import UnsafeCheckpointError
 from accel_state.kill_points import choose_kill_points, run_kill_points
 
 
-class _Payload:
-    """Unpickling this runs ``os.system`` (a real exploit shape); accel must never do it."""
-
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (os.system, (f"touch {self.marker}",))
-
-
 def _net(seed: int = 0) -> nn.Module:
     return kill_sharded_save.net(seed)
-
-
-def _values(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def _same(model: nn.Module, state: dict[str, torch.Tensor]) -> bool:
@@ -63,7 +50,7 @@ def _same(model: nn.Module, state: dict[str, torch.Tensor]) -> bool:
 @pytest.mark.parametrize("zipped", [True, False], ids=["torch.save", "raw-pickle"])
 def test_crafted_bin_is_refused_and_runs_nothing(tmp_path: Path, zipped: bool) -> None:
     marker = tmp_path / "marker"
-    payload = {**_net(1).state_dict(), "extra": _Payload(str(marker))}
+    payload = {**_net(1).state_dict(), "extra": Payload(str(marker))}
     path = tmp_path / "ckpt" / "pytorch_model.bin"
     path.parent.mkdir()
     if zipped:
@@ -72,7 +59,7 @@ def test_crafted_bin_is_refused_and_runs_nothing(tmp_path: Path, zipped: bool) -
         with open(path, "wb") as f:
             pickle.dump(payload, f, protocol=2)
     model = _net(0)
-    before = _values(model)
+    before = state_values(model)
     with pytest.raises(UnsafeCheckpointError) as info:
         load_checkpoint_in_model(model, path.parent)
     assert info.value.path == str(path) and "pytorch_model.bin" in str(info.value)
@@ -89,13 +76,13 @@ def test_crafted_shard_of_a_sharded_bin_checkpoint_leaves_the_model_unchanged(tm
     shards = sorted(folder.glob("pytorch_model-*.bin"))
     assert len(shards) > 1
     last = torch.load(shards[-1], weights_only=True)
-    torch.save({**last, "extra": _Payload(str(marker))}, shards[-1])
+    torch.save({**last, "extra": Payload(str(marker))}, shards[-1])
     index_path = folder / "pytorch_model.bin.index.json"
     index = json.loads(index_path.read_text())
     del index["metadata"]["accel_file_sizes"]  # a crafted folder, as another tool would write it
     index_path.write_text(json.dumps(index))
     model = _net(0)
-    before = _values(model)
+    before = state_values(model)
     with pytest.raises(UnsafeCheckpointError, match=shards[-1].name):
         load_checkpoint_in_model(model, folder)
     assert not marker.exists() and _same(model, before)
@@ -194,7 +181,7 @@ def _kill_points(tmp_path: Path, old_shard: int, new_shard: int, fmt: str) -> tu
 def _load(folder: Path) -> dict[str, torch.Tensor]:
     model = _net(99)
     load_checkpoint_in_model(model, folder, strict=True)
-    return _values(model)
+    return state_values(model)
 
 
 @pytest.mark.parametrize(
@@ -210,8 +197,8 @@ def _load(folder: Path) -> dict[str, torch.Tensor]:
 def test_sigkill_at_every_step_leaves_the_old_or_the_new_save(
     tmp_path: Path, old_shard: int, new_shard: int, fmt: str
 ) -> None:
-    new_state = _values(_net(2))
-    old_state = _values(_net(1))
+    new_state = state_values(_net(2))
+    old_state = state_values(_net(1))
     labels, killed = _kill_points(tmp_path, old_shard, new_shard, fmt)
     outcomes = {"old": 0, "new": 0}
     for kill_at, was_killed in sorted(killed.items()):
@@ -227,7 +214,7 @@ def test_sigkill_at_every_step_leaves_the_old_or_the_new_save(
         outcomes[same_as[0]] += 1
         # the next save over the interrupted folder completes and cleans up
         save_sharded(_net(3).state_dict(), folder, max_shard_size=new_shard, safe_serialization=fmt == "safetensors")
-        assert _equal(_load(folder), _values(_net(3)))
+        assert _equal(_load(folder), state_values(_net(3)))
         assert not [n for n in os.listdir(folder) if n.startswith(TMP_PREFIX)]
     # killed at 10+ points, before the commit (old state) and after it (new state)
     assert len(killed) > 10 and outcomes["old"] > 0 and outcomes["new"] > 0
@@ -277,10 +264,10 @@ def test_disk_full_names_the_path_and_keeps_the_previous_save(tmp_path: Path, wh
     assert "CheckpointWriteError" in run.stdout and "File too large" in run.stdout and str(folder) in run.stdout
     assert sorted(os.listdir(folder)) == before  # nothing partial left
     if what == "sharded":
-        assert _equal(_load(folder), _values(_net(1)))
+        assert _equal(_load(folder), state_values(_net(1)))
     else:
         loader = OffloadedWeightsLoader(save_folder=folder)
-        assert all(torch.equal(loader[k], v) for k, v in _values(_net(1)).items())
+        assert all(torch.equal(loader[k], v) for k, v in state_values(_net(1)).items())
 
 
 def _read_only(folder: Path) -> bool:
@@ -313,6 +300,6 @@ def test_read_only_folder_names_the_path_and_keeps_the_previous_save(tmp_path: P
             save_sharded(_net(2).state_dict(), folder, max_shard_size=3000)
         assert str(folder) in str(info.value) and info.value.strerror in str(info.value)
         assert sorted(os.listdir(folder)) == before
-        assert _equal(_load(folder), _values(_net(1)))
+        assert _equal(_load(folder), state_values(_net(1)))
     finally:
         _writable(folder)
