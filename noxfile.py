@@ -33,6 +33,10 @@ REPORTS = ROOT / ".nox-reports"
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = False
+# Two sessions at a time (`nox -t ci`): one session's downloads, venv builds and waits on launched processes
+# overlap the other's tests. Every CI session below allows it; clean_reports runs first (the report
+# writers require it) and summary last (it requires them all).
+nox.options.parallel = 2
 nox.options.sessions = ["deps", "lint", "tests", "trackers", "integration"]
 
 
@@ -110,7 +114,16 @@ _share_pip_find_links_with_uv()
 
 
 def _install_local(session: nox.Session, *dists: str, extras: dict[str, str] | None = None) -> None:
-    """Install in-repo distributions from their folders (not from an index), with the torch pin."""
+    """Install in-repo distributions from their folders (not from an index), with the torch pin.
+
+    Also keeps the C++ ops that DeepSpeed builds on first use (``TORCH_EXTENSIONS_DIR``) inside the
+    session's venv: their build line holds the venv's paths, so two venvs sharing
+    ``~/.cache/torch_extensions`` rebuilt each other's ops on every alternate run, and could rebuild one
+    under the other while it loads it.
+    """
+    location = getattr(session.virtualenv, "location", None)
+    if isinstance(location, str):
+        session.env["TORCH_EXTENSIONS_DIR"] = os.path.join(location, "torch_extensions")
     extras = extras or {}
     targets = []
     for dist in dists:
@@ -131,7 +144,23 @@ def clean_reports(session: nox.Session) -> None:
         report.unlink()
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
+def end_to_end(session: nox.Session) -> None:
+    """CI's end-to-end sessions in one venv, in this order: ``integration``, then ``docs`` (which adds the
+    site generator), then ``clients`` (which adds transformers and the client libraries last, so that
+    the integration tests and the guide's examples run without them, as in their own sessions).
+
+    One venv, so that DeepSpeed's CPU ops (its JIT-built shared-memory and CPU-Adam extensions, whose
+    build depends on the venv's paths) are compiled once for the three of them, and accel's
+    distributions are built and installed once. Defined first of the CI sessions: the longest, it starts
+    first and the others run beside it.
+    """
+    _integration(session)
+    _docs(session, [])
+    _clients(session)
+
+
+@nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
 def deps(session: nox.Session) -> None:
     """The dependency graph of DESIGN.md holds (imports, ranges, meta pins, CI command); the tools work."""
     session.install("packaging", "pytest")
@@ -139,7 +168,7 @@ def deps(session: nox.Session) -> None:
     _pytest(session, "tools", str(ROOT / "tools" / "tests"))
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check over the whole repository."""
     session.install("ruff")
@@ -147,7 +176,7 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", str(ROOT))
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
 @nox.parametrize("package", ORDER)
 def tests(session: nox.Session, package: str) -> None:
     """One distribution alone: a fresh venv with it, its in-repo dependencies and its test extra."""
@@ -172,7 +201,7 @@ def slow(session: nox.Session) -> None:
     _pytest(session, "slow", *[str(path) for path in tests])
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
 @nox.parametrize("package", ORDER)
 def clean_install(session: nox.Session, package: str) -> None:
     """One distribution installed alone with only its declared dependencies (no test extra, no
@@ -186,7 +215,7 @@ def clean_install(session: nox.Session, package: str) -> None:
 TRACKER_EXTRAS = "tensorboard,wandb,comet_ml,aim,mlflow,clearml,dvclive,trackio,swanlab,test"
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
 def trackers(session: nox.Session) -> None:
     """accel-tracking with every tracking backend installed, each tested against its real library."""
     _install_local(session, *_closure("accel-tracking"), extras={"accel-tracking": TRACKER_EXTRAS})
@@ -206,7 +235,7 @@ def integration(session: nox.Session) -> None:
     _integration(session)
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
 def ray(session: nox.Session) -> None:
     """An accel script under Ray Train's TorchTrainer (2 CPU workers, loopback only), as under accel launch."""
     _install_local(session, *ORDER, extras={"accel": "test", "accel-launch": "ray"})
@@ -263,7 +292,7 @@ def clients(session: nox.Session) -> None:
     _clients(session)
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
 def typecheck(session: nox.Session) -> None:
     """mypy over every distribution's source."""
     _install_local(session, *ORDER)
@@ -329,22 +358,19 @@ def _docs(session: nox.Session, posargs: list[str]) -> None:
     session.run("python", str(ROOT / "tools" / "run_doc_examples.py"), "--quiet", "--jobs", "2", *pages)
 
 
-@nox.session(tags=["ci"])
-def end_to_end(session: nox.Session) -> None:
-    """CI's end-to-end sessions in one venv, in this order: ``integration``, then ``docs`` (which adds the
-    site generator), then ``clients`` (which adds transformers and the client libraries last, so that
-    the integration tests and the guide's examples run without them, as in their own sessions).
-
-    One venv, so that DeepSpeed's CPU ops (its JIT-built shared-memory and CPU-Adam extensions, whose
-    build depends on the venv's paths) are compiled once for the three of them, and accel's
-    distributions are built and installed once.
-    """
-    _integration(session)
-    _docs(session, [])
-    _clients(session)
+_CI_SESSIONS = [
+    "end_to_end",
+    "deps",
+    "lint",
+    *[f"tests(package='{package}')" for package in ORDER],
+    *[f"clean_install(package='{package}')" for package in ORDER],
+    "trackers",
+    "ray",
+    "typecheck",
+]
 
 
-@nox.session(python=False, tags=["ci"])
+@nox.session(python=False, tags=["ci"], requires=_CI_SESSIONS)
 def summary(session: nox.Session) -> None:
     """One closing line adding up every pytest report of this run (the last CI session)."""
     session.run(sys.executable, str(ROOT / "tools" / "test_summary.py"), str(REPORTS))
