@@ -13,6 +13,7 @@ machines). ``ACCEL_CONSTRAINTS=/path/file`` uses another constraints file and
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pathlib
 import shutil
@@ -116,14 +117,17 @@ _share_pip_find_links_with_uv()
 def _install_local(session: nox.Session, *dists: str, extras: dict[str, str] | None = None) -> None:
     """Install in-repo distributions from their folders (not from an index), with the torch pin.
 
-    Also keeps the C++ ops that DeepSpeed builds on first use (``TORCH_EXTENSIONS_DIR``) inside the
-    session's venv: their build line holds the venv's paths, so two venvs sharing
+    Also gives the C++ ops that DeepSpeed builds on first use (``TORCH_EXTENSIONS_DIR``) a folder of
+    their own per venv path: their build line holds the venv's paths, so two venvs sharing
     ``~/.cache/torch_extensions`` rebuilt each other's ops on every alternate run, and could rebuild one
-    under the other while it loads it.
+    under the other while it loads it. Outside the venv, so that a venv made anew at the same path (every
+    nox run) finds its ops built.
     """
     location = getattr(session.virtualenv, "location", None)
     if isinstance(location, str):
-        session.env["TORCH_EXTENSIONS_DIR"] = os.path.join(location, "torch_extensions")
+        key = hashlib.sha256(os.path.abspath(location).encode()).hexdigest()[:16]
+        folder = pathlib.Path.home() / ".cache" / "torch_extensions" / f"accel-nox-{key}"
+        session.env["TORCH_EXTENSIONS_DIR"] = str(folder)
     extras = extras or {}
     targets = []
     for dist in dists:
