@@ -114,8 +114,33 @@ def _share_pip_find_links_with_uv() -> None:
 _share_pip_find_links_with_uv()
 
 
-def _install_local(session: nox.Session, *dists: str, extras: dict[str, str] | None = None) -> None:
-    """Install in-repo distributions from their folders (not from an index), with the torch pin.
+def _install_deepspeed(session: nox.Session) -> None:
+    """Install DeepSpeed with its CPU ops prebuilt (tools/deepspeed_cpu_wheel.py), before anything that
+    asks for ``deepspeed`` so that the installer keeps this build.
+
+    The wheel is built once per machine and torch pin under ``.nox/deepspeed-cpu-ops`` (about 2.5 minutes
+    on 2 cores), by the first session that needs it; sessions running beside it wait for that build.
+    Without it, each venv compiled the same ops on first use, minutes each, inside the first tests.
+    """
+    session.log("DeepSpeed with prebuilt CPU ops (tools/deepspeed_cpu_wheel.py; built once, then cached)")
+    output = session.run(
+        sys.executable,
+        str(ROOT / "tools" / "deepspeed_cpu_wheel.py"),
+        "--cache",
+        str(ROOT / ".nox" / "deepspeed-cpu-ops"),
+        *_constraints(),
+        silent=True,
+        external=True,
+    )
+    wheel = str(output).strip().splitlines()[-1]
+    session.install(*_constraints(), wheel)
+
+
+def _install_local(
+    session: nox.Session, *dists: str, extras: dict[str, str] | None = None, deepspeed: bool = False
+) -> None:
+    """Install in-repo distributions from their folders (not from an index), with the torch pin;
+    with ``deepspeed``, DeepSpeed's prebuilt-ops wheel first (``_install_deepspeed``).
 
     Also gives the C++ ops that DeepSpeed builds on first use (``TORCH_EXTENSIONS_DIR``) a folder of
     their own per venv path: their build line holds the venv's paths, so two venvs sharing
@@ -133,6 +158,11 @@ def _install_local(session: nox.Session, *dists: str, extras: dict[str, str] | N
     for dist in dists:
         path = str(DISTS[dist]["path"])
         targets.append(f"{path}[{extras[dist]}]" if dist in extras else path)
+    if deepspeed:
+        # the distributions without their extras first (torch and the rest: most of the install), while
+        # another session may still be building the DeepSpeed wheel; then the wheel; then the extras
+        session.install(*_constraints(), *[str(DISTS[dist]["path"]) for dist in dists])
+        _install_deepspeed(session)
     session.install(*_constraints(), *targets)
 
 
@@ -150,17 +180,74 @@ def clean_reports(session: nox.Session) -> None:
 
 @nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
 def end_to_end(session: nox.Session) -> None:
-    """CI's end-to-end sessions in one venv, in this order: ``integration``, then ``docs`` (which adds the
-    site generator), then ``clients`` (which adds transformers and the client libraries last, so that
-    the integration tests and the guide's examples run without them, as in their own sessions).
-
-    One venv, so that DeepSpeed's CPU ops (its JIT-built shared-memory and CPU-Adam extensions, whose
-    build depends on the venv's paths) are compiled once for the three of them, and accel's
-    distributions are built and installed once. Defined first of the CI sessions: the longest, it starts
-    first and the others run beside it.
+    """CI's end-to-end tests in one venv, in this order: ``integration``, then ``docs`` (which adds the
+    site generator and the guide's examples), so that accel's distributions are built and installed once
+    for both. Defined first of the CI sessions: the longest, it starts first and the others run beside it.
     """
     _integration(session)
     _docs(session, [])
+
+
+@nox.session(python=False, tags=["ci"], allow_parallel=True, requires=["clean_reports"])
+def deepspeed_ops(session: nox.Session) -> None:
+    """Build DeepSpeed with its CPU ops (tools/deepspeed_cpu_wheel.py) at the start of a CI run, beside
+    end_to_end's first installs; every session that installs DeepSpeed takes that wheel (and waits for it)."""
+    session.run(
+        sys.executable,
+        str(ROOT / "tools" / "deepspeed_cpu_wheel.py"),
+        "--cache",
+        str(ROOT / ".nox" / "deepspeed-cpu-ops"),
+        *_constraints(),
+        external=True,
+    )
+
+
+# Libraries that import the documented system by name, pinned; accel stands in for it through the
+# opt-in alias (ACCEL_PROVIDE_ACCELERATE=1, accel.accelerate_alias).
+CLIENT_PINS = {
+    "transformers": "transformers==5.23.0",
+    "peft": "peft==0.21.2",
+    # issue 25: the figures in integration_tests/clients/reference were recorded with these releases
+    "trl": "trl==1.16.0",
+    "diffusers": "diffusers==0.42.1",
+    "sentence-transformers": "sentence-transformers==6.2.0",
+}
+
+
+def _clients(session: nox.Session) -> None:
+    _install_local(session, *ORDER, extras={"accel": "test", "accel-train": "deepspeed"}, deepspeed=True)
+    session.install(*_constraints(), CLIENT_PINS["transformers"])
+    # peft, trl, diffusers' training and sentence-transformers' training require the real accelerate,
+    # which accel stands in for: the clients without it, their other needs by hand
+    clients = ("peft", "trl", "diffusers", "sentence-transformers")
+    session.install(*_constraints(), "--no-deps", *[CLIENT_PINS[name] for name in clients])
+    session.install(*_constraints(), "psutil", "tqdm", "packaging", "pyyaml", "huggingface_hub", "pytest-xdist")
+    session.install(
+        *_constraints(), "datasets", "tensorboard", "jinja2", "pandas", "pyarrow", "Pillow", "importlib_metadata",
+        "scikit-learn", "scipy", "requests", "regex", "filelock", "typing_extensions",
+    )  # fmt: skip
+    session.run("python", "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('accelerate') is not None)")
+    # each case mostly waits on the client stack it starts: two workers, any case to either
+    _pytest(session, "clients", "-n", "2", "--dist", "load", str(ROOT / "integration_tests" / "clients"))
+    # accel-train's tests that need transformers beside DeepSpeed / tensor parallelism (skipped in its
+    # own session, which has no transformers)
+    train_tests = DISTS["accel-train"]["path"] / "tests"
+    _pytest(
+        session,
+        "clients-train",
+        str(train_tests / "test_train_deepspeed_transformers.py"),
+        str(train_tests / "test_train_tp_transformers_plans.py"),
+    )
+
+
+@nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
+def clients(session: nox.Session) -> None:
+    """transformers' Trainer (1 and 2 processes, resume, evaluation loss), from_pretrained with part of
+    the model on disk, a peft LoRA adapter, and TRL (SFT, DPO), a diffusers training loop (on 2 processes
+    saving from the main process only, as its examples do) and sentence-transformers, 1 and 2 processes,
+    compared with the figures of the same runs on the documented system
+    (integration_tests/clients/reference, tools/record_client_reference.py), on accel through the
+    ``accelerate`` alias."""
     _clients(session)
 
 
@@ -185,7 +272,8 @@ def lint(session: nox.Session) -> None:
 def tests(session: nox.Session, package: str) -> None:
     """One distribution alone: a fresh venv with it, its in-repo dependencies and its test extra."""
     needed = _closure(package)
-    _install_local(session, *needed, extras={package: "test"})
+    # accel-train's test extra asks for DeepSpeed
+    _install_local(session, *needed, extras={package: "test"}, deepspeed=package == "accel-train")
     # accel-train's suite is mostly waiting on spawned gloo processes: two workers (a test file each,
     # so module-scoped process pools stay in one worker) keep both cores busy
     parallel = ["-n", "2", "--dist", "loadfile"] if package == "accel-train" else []
@@ -196,7 +284,9 @@ def tests(session: nox.Session, package: str) -> None:
 def slow(session: nox.Session) -> None:
     """Before a release: the crash-safety tests killed at every file-system step of a save, not only at
     the commit steps and a spread of the rest as in CI (``ACCEL_KILL_POINTS=all``)."""
-    _install_local(session, *_closure("accel-train"), extras={"accel-bigmodel": "test", "accel-train": "test"})
+    _install_local(
+        session, *_closure("accel-train"), extras={"accel-bigmodel": "test", "accel-train": "test"}, deepspeed=True
+    )
     tests = [
         DISTS["accel-bigmodel"]["path"] / "tests" / "test_bigmodel_checkpoint_safety.py",
         DISTS["accel-train"]["path"] / "tests" / "test_checkpoint_kill.py",
@@ -227,7 +317,7 @@ def trackers(session: nox.Session) -> None:
 
 
 def _integration(session: nox.Session) -> None:
-    _install_local(session, *ORDER, extras={"accel": "test", "accel-train": "deepspeed"})
+    _install_local(session, *ORDER, extras={"accel": "test", "accel-train": "deepspeed"}, deepspeed=True)
     session.install(*_constraints(), "numpy", "safetensors", "tqdm", "psutil", "pytest-xdist")
     # each test mostly waits on the processes it launches: two workers (a test file each) keep both cores busy
     _pytest(session, "integration", "-n", "2", "--dist", "loadfile", str(ROOT / "integration_tests"))
@@ -245,55 +335,6 @@ def ray(session: nox.Session) -> None:
     _install_local(session, *ORDER, extras={"accel": "test", "accel-launch": "ray"})
     session.install(*_constraints(), "safetensors")
     _pytest(session, "ray", str(ROOT / "integration_tests" / "test_cluster_ray.py"))
-
-
-# Libraries that import the documented system by name, pinned; accel stands in for it through the
-# opt-in alias (ACCEL_PROVIDE_ACCELERATE=1, accel.accelerate_alias).
-CLIENT_PINS = {
-    "transformers": "transformers==5.23.0",
-    "peft": "peft==0.21.2",
-    # issue 25: the figures in integration_tests/clients/reference were recorded with these releases
-    "trl": "trl==1.16.0",
-    "diffusers": "diffusers==0.42.1",
-    "sentence-transformers": "sentence-transformers==6.2.0",
-}
-
-
-def _clients(session: nox.Session) -> None:
-    _install_local(session, *ORDER, extras={"accel": "test", "accel-train": "deepspeed"})
-    session.install(*_constraints(), CLIENT_PINS["transformers"])
-    # peft, trl, diffusers' training and sentence-transformers' training require the real accelerate,
-    # which accel stands in for: the clients without it, their other needs by hand
-    clients = ("peft", "trl", "diffusers", "sentence-transformers")
-    session.install(*_constraints(), "--no-deps", *[CLIENT_PINS[name] for name in clients])
-    session.install(*_constraints(), "psutil", "tqdm", "packaging", "pyyaml", "huggingface_hub", "pytest-xdist")
-    session.install(
-        *_constraints(), "datasets", "tensorboard", "jinja2", "pandas", "pyarrow", "Pillow", "importlib_metadata",
-        "scikit-learn", "scipy", "requests", "regex", "filelock", "typing_extensions",
-    )  # fmt: skip
-    session.run("python", "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('accelerate') is not None)")
-    # each case mostly waits on the client stack it starts: two workers, any case to either
-    _pytest(session, "clients", "-n", "2", "--dist", "load", str(ROOT / "integration_tests" / "clients"))
-    # accel-train's tests that need transformers beside DeepSpeed / tensor parallelism (skipped in its
-    # own session, which has no transformers)
-    train_tests = DISTS["accel-train"]["path"] / "tests"
-    _pytest(
-        session,
-        "clients-train",
-        str(train_tests / "test_train_deepspeed_transformers.py"),
-        str(train_tests / "test_train_tp_transformers_plans.py"),
-    )
-
-
-@nox.session
-def clients(session: nox.Session) -> None:
-    """transformers' Trainer (1 and 2 processes, resume, evaluation loss), from_pretrained with part of
-    the model on disk, a peft LoRA adapter, and TRL (SFT, DPO), a diffusers training loop (on 2 processes
-    saving from the main process only, as its examples do) and sentence-transformers, 1 and 2 processes,
-    compared with the figures of the same runs on the documented system
-    (integration_tests/clients/reference, tools/record_client_reference.py), on accel through the
-    ``accelerate`` alias."""
-    _clients(session)
 
 
 @nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
@@ -358,12 +399,15 @@ def _docs(session: nox.Session, posargs: list[str]) -> None:
     _docs_site(session)
     if no_run:
         return
+    _install_deepspeed(session)
     session.install(*_constraints(), "numpy", "safetensors", "tqdm", "tensorboard", "bitsandbytes", "deepspeed")
     session.run("python", str(ROOT / "tools" / "run_doc_examples.py"), "--quiet", "--jobs", "2", *pages)
 
 
 _CI_SESSIONS = [
     "end_to_end",
+    "deepspeed_ops",
+    "clients",
     "deps",
     "lint",
     *[f"tests(package='{package}')" for package in ORDER],
