@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import logging
 import os
 from collections.abc import Callable
@@ -17,6 +18,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _is_main_process() -> bool:
+    """Whether this process is the run's main process.
+
+    With torch installed, ``PartialState`` decides (it knows the process group and the launcher's
+    variables). Without torch (accel-tracking and accel-state installed with ``--no-deps``, for the
+    dependency-free trackers), the launchers' rank variables decide: rank 0, or no launcher, is main.
+    """
+    if importlib.util.find_spec("torch") is None:
+        from accel_state.environment import get_cpu_distributed_information
+
+        return get_cpu_distributed_information()["rank"] == 0
     from accel_state.state import PartialState
 
     return bool(PartialState().is_main_process)
