@@ -9,6 +9,9 @@ docstring rendered), and the search index must hold an entry for that anchor. An
 no docstring at all is listed apart: that gap belongs to the docstring ratchet
 (``tools/check_docstrings.py`` and its baseline), which fails when such gaps grow. No page may contain
 the text ``<object object`` (a default value rendered as Python's repr of a sentinel).
+
+Search must work from a copy opened from disk: the index is also there as ``search/search_index.js``
+(the offline plugin's), the local worker shim is there, and no page loads a script from the network.
 Prints the problems and exits 1 if there are any.
 """
 
@@ -17,12 +20,19 @@ from __future__ import annotations
 import html.parser
 import json
 import pathlib
+import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 from docs_site import reference  # noqa: E402
+
+#: The local script that runs the search worker on a file:// page (mkdocs.yml, extra.polyfills).
+WORKER_SHIM = "javascripts/iframe-worker.js"
+#: Built pages that are not pages of the guide (the theme's "not found" page).
+NOT_PAGES = {"404.html"}
+REMOTE_SCRIPT = re.compile(r"<script[^>]*\ssrc=\"(?P<src>(?:https?:)?//[^\"]+)\"")
 
 
 class _Entries(html.parser.HTMLParser):
@@ -67,6 +77,33 @@ def _page_entries(site: pathlib.Path, page: str) -> _Entries:
     return parser
 
 
+def site_pages(site: pathlib.Path) -> list[str]:
+    """Every built page of the guide, as a path from the site root (``reference/accel-data.html``)."""
+    pages = (page.relative_to(site).as_posix() for page in site.rglob("*.html"))
+    return sorted(page for page in pages if page not in NOT_PAGES and not page.startswith("assets/"))
+
+
+def check_offline_search(site: pathlib.Path) -> list[str]:
+    """Problems keeping search from working when the site is opened from disk (empty when none)."""
+    problems = []
+    script = site / "search" / "search_index.js"
+    if not script.exists():
+        problems.append("no search/search_index.js: search cannot load from file:// (is the offline plugin on?)")
+    elif not script.read_text(encoding="utf-8").startswith("var __index = "):
+        problems.append("search/search_index.js does not define __index (the theme reads it from there)")
+    if not (site / WORKER_SHIM).exists():
+        problems.append(f"no {WORKER_SHIM}: the search worker cannot start from file://")
+    for page in site_pages(site):
+        text = (site / page).read_text(encoding="utf-8")
+        for found in REMOTE_SCRIPT.finditer(text):
+            problems.append(
+                f"{page} loads a script from the network ({found.group('src')}); a copy opened offline cannot"
+            )
+        if WORKER_SHIM not in text:
+            problems.append(f"{page} does not load {WORKER_SHIM} (mkdocs.yml extra.polyfills)")
+    return problems
+
+
 def check(site: pathlib.Path, undocumented: list[str] | None = None) -> list[str]:
     """Every problem of the built site at ``site`` (empty when it passes).
 
@@ -108,6 +145,7 @@ def check(site: pathlib.Path, undocumented: list[str] | None = None) -> list[str
                 undocumented.append(name)
         if locations and f"{page.replace('.md', '.html')}#{anchor}" not in locations:
             problems.append(f"{name}: #{anchor} is not in the search index")
+    problems += check_offline_search(site)
     return problems
 
 

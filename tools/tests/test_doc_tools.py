@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import pathlib
 import sys
+import tempfile
 import textwrap
 import types
 
@@ -18,6 +19,7 @@ import build_guide  # noqa: E402
 import check_browser  # noqa: E402
 import check_docstrings  # noqa: E402
 import check_site  # noqa: E402
+import devtools_pipe  # noqa: E402
 import docs_hooks  # noqa: E402
 import run_doc_examples  # noqa: E402
 from docs_site import pictures  # noqa: E402
@@ -337,3 +339,57 @@ def test_old_html_links_point_at_the_markdown_pages(tmp_path: pathlib.Path) -> N
     assert docs_hooks.md_links(text, tmp_path) == (
         "See [launching](launching.md#flags), [data](packages/accel-data.md) and [x](nowhere.html)."
     )
+
+
+# --- search from a copy opened from disk ---------------------------------
+
+
+def test_site_check_wants_search_that_loads_from_disk(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "search").mkdir()
+    (tmp_path / "javascripts").mkdir()
+    (tmp_path / check_site.WORKER_SHIM).write_text("// shim")
+    page = f'<html><script src="{check_site.WORKER_SHIM}"></script></html>'
+    (tmp_path / "index.html").write_text(page)
+    (tmp_path / "404.html").write_text("<html></html>")
+    assert check_site.check_offline_search(tmp_path) == [
+        "no search/search_index.js: search cannot load from file:// (is the offline plugin on?)"
+    ]
+    (tmp_path / "search" / "search_index.js").write_text('var __index = {"docs": []}')
+    assert check_site.check_offline_search(tmp_path) == []
+    remote = '<script src="https://unpkg.com/iframe-worker/shim"></script></html>'
+    (tmp_path / "index.html").write_text(page.replace("</html>", remote))
+    (tmp_path / "other.html").write_text("<html></html>")
+    assert check_site.check_offline_search(tmp_path) == [
+        "index.html loads a script from the network (https://unpkg.com/iframe-worker/shim); a copy opened offline cannot",
+        f"other.html does not load {check_site.WORKER_SHIM} (mkdocs.yml extra.polyfills)",
+    ]
+
+
+SEARCH_PAGE = """<html><body><input class="md-search__input"><div class="md-search-result__meta">Type</div><ol></ol>
+<script>
+document.querySelector("input").addEventListener("keyup", (event) => {
+  if (event.target.value === "WANTED") {
+    document.querySelector("ol").innerHTML = '<li class="md-search-result__item">hit</li>';
+  } else {
+    document.querySelector(".md-search-result__meta").textContent = "No matching documents";
+  }
+});
+</script></body></html>"""
+
+
+def test_browser_search_check_types_and_reads_results(tmp_path: pathlib.Path) -> None:
+    browser = check_browser.find_browser()
+    if browser is None:
+        pytest.skip("no chromium installed (apt-get install -y chromium)")
+    (tmp_path / "index.html").write_text(SEARCH_PAGE.replace("WANTED", "checkpoint"))
+    (tmp_path / "never.html").write_text(SEARCH_PAGE)
+    assert check_browser.check_search(browser, (tmp_path / "index.html").as_uri()) == (1, [])
+    with check_browser.serve(tmp_path) as base:
+        assert check_browser.check_search(browser, base + "index.html") == (1, [])
+        count, problems = check_browser.check_search(browser, base + "never.html", seconds=3)
+    assert count == 0 and "typing 'checkpoint' into search listed no result" in problems[0]
+    assert "the search panel says 'No matching documents'" in problems[0]
+    with tempfile.TemporaryDirectory() as profile:
+        with devtools_pipe.Browser([browser, *check_browser.FLAGS, f"--user-data-dir={profile}"]) as tab:
+            with pytest.raises(devtools_pipe.DevToolsError, match="No.such"):
+                tab.send("No.such")
