@@ -12,6 +12,8 @@ the text ``<object object`` (a default value rendered as Python's repr of a sent
 
 Search must work from a copy opened from disk: the index is also there as ``search/search_index.js``
 (the offline plugin's), the local worker shim is there, and no page loads a script from the network.
+For tools: every page has its Markdown twin (``page.md`` beside ``page.html``), ``llms.txt`` links every
+twin, ``llms-full.txt`` holds every twin.
 Prints the problems and exits 1 if there are any.
 """
 
@@ -26,7 +28,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from docs_site import reference  # noqa: E402
+from docs_site import llms, reference  # noqa: E402
 
 #: The local script that runs the search worker on a file:// page (mkdocs.yml, extra.polyfills).
 WORKER_SHIM = "javascripts/iframe-worker.js"
@@ -104,6 +106,33 @@ def check_offline_search(site: pathlib.Path) -> list[str]:
     return problems
 
 
+def check_tool_files(site: pathlib.Path, pages: list[str] | None = None) -> list[str]:
+    """Problems of the files for tools: twins, llms.txt, llms-full.txt (empty when none)."""
+    pages = site_pages(site) if pages is None else pages
+    problems = []
+    index, full = site / "llms.txt", site / "llms-full.txt"
+    listed: set[str] = set()
+    if not index.exists():
+        problems.append("no llms.txt at the site's root")
+    else:
+        text = index.read_text(encoding="utf-8")
+        if not text.startswith("# ") or "\n> " not in text:
+            problems.append("llms.txt does not open with an H1 title and a blockquote summary")
+        listed = llms.linked_files(text)
+    full_text = full.read_text(encoding="utf-8") if full.exists() else None
+    if full_text is None:
+        problems.append("no llms-full.txt at the site's root")
+    for page in pages:
+        twin = llms.twin_path(page)
+        if not (site / twin).exists():
+            problems.append(f"{page}: no Markdown twin {twin}")
+        if index.exists() and twin not in listed:
+            problems.append(f"{page}: llms.txt does not list its twin {twin}")
+        if full_text is not None and f"<!-- {twin} -->" not in full_text:
+            problems.append(f"{page}: llms-full.txt does not hold its twin {twin}")
+    return problems
+
+
 def check(site: pathlib.Path, undocumented: list[str] | None = None) -> list[str]:
     """Every problem of the built site at ``site`` (empty when it passes).
 
@@ -146,6 +175,7 @@ def check(site: pathlib.Path, undocumented: list[str] | None = None) -> list[str
         if locations and f"{page.replace('.md', '.html')}#{anchor}" not in locations:
             problems.append(f"{name}: #{anchor} is not in the search index")
     problems += check_offline_search(site)
+    problems += check_tool_files(site)
     return problems
 
 

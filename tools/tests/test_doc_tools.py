@@ -22,7 +22,7 @@ import check_site  # noqa: E402
 import devtools_pipe  # noqa: E402
 import docs_hooks  # noqa: E402
 import run_doc_examples  # noqa: E402
-from docs_site import pictures  # noqa: E402
+from docs_site import api_markdown, llms, pictures  # noqa: E402
 
 
 def _page(tmp_path: pathlib.Path, text: str) -> pathlib.Path:
@@ -341,7 +341,182 @@ def test_old_html_links_point_at_the_markdown_pages(tmp_path: pathlib.Path) -> N
     )
 
 
-# --- search from a copy opened from disk ---------------------------------
+# --- search from disk, Markdown twins, llms.txt, the examples note ---------------------------------
+
+
+def test_twin_of_a_page_sits_beside_it() -> None:
+    assert llms.twin_path("quicktour.html") == "quicktour.md"
+    assert llms.twin_path("reference/index.html") == "reference/index.md"
+    with pytest.raises(ValueError, match=r"ends with \.html.*got 'quicktour\.md'"):
+        llms.twin_path("quicktour.md")
+
+
+def test_twin_markdown_drops_site_syntax_outside_code_blocks() -> None:
+    text = (
+        "## accel launch { #accel-launch }\n"
+        '<p class="accel-import"><code>from accel import X</code> (defined in <code>a.b</code>)</p>\n'
+        "```html\n<p><code>kept</code></p>\n## not a heading { #x }\n```\n"
+    )
+    assert llms.plain_markdown(text) == (
+        "## accel launch\n`from accel import X` (defined in `a.b`)\n"
+        "```html\n<p><code>kept</code></p>\n## not a heading { #x }\n```\n"
+    )
+
+
+def test_page_description_is_the_first_sentence_of_prose() -> None:
+    page = (
+        "# Title\n\n!!! note\n\n```python\n# A comment. Not prose.\n```\n\n"
+        "Reads [the data](data.md) from `disk`. Then more.\nAnd more.\n\n## Next\n\nOther.\n"
+    )
+    assert llms.describe(page) == "Reads the data from `disk`."
+    assert llms.describe("# Only a title\n\n```python\nx = 1\n```\n") == ""
+    assert llms.describe("A run stops, e.g. on preemption. accel resumes it.") == "A run stops, e.g. on preemption."
+    assert llms.describe("*An extension (`pp_size`). Off by default.*") == "An extension (`pp_size`)."
+    assert llms.describe("Uses `__init__` and snake_case_names.") == "Uses `__init__` and snake_case_names."
+    described = llms.describe("# T\n\n" + "word " * 100 + "end.\n", limit=40)
+    assert described.endswith("…") and len(described) <= 40 and described.startswith("word word")
+
+
+def test_note_goes_after_the_title_not_after_a_comment_in_code() -> None:
+    text = "```bash\n# not the title\n```\n# Title\n\nBody.\n"
+    assert llms.insert_after_title(text, "> note\n") == "```bash\n# not the title\n```\n# Title\n\n> note\n\nBody.\n"
+    assert llms.insert_after_title("No title.\n", "> note\n") == "> note\n\nNo title.\n"
+
+
+def _pages() -> list[llms.Page]:
+    return [
+        llms.Page("Home", "index.md", "# Home\n\nStart here. Then go on.\n", llms.TOP_SECTION),
+        llms.Page(
+            "Quick tour", "quicktour.md", "# Quick tour\n\n> note\n", "Guide", "A loop on any number of processes."
+        ),
+        llms.Page("Accelerator", "reference/accelerator.md", "# Accelerator\n\nThe object.\n", "Reference"),
+    ]
+
+
+def test_llms_txt_lists_every_page_under_its_section() -> None:
+    text = llms.llms_txt("accel", "One script,\n  many machines.", _pages())
+    assert text.startswith("# accel\n\n> One script, many machines.\n\n")
+    assert "\n## Start\n\n- [Home](index.md): Start here.\n" in text
+    assert "\n## Guide\n\n- [Quick tour](quicktour.md): A loop on any number of processes.\n" in text
+    assert "\n## Reference\n\n- [Accelerator](reference/accelerator.md): The object.\n" in text
+    assert "\n\n\n" not in text
+    assert llms.linked_files(text) == {"index.md", "quicktour.md", "reference/accelerator.md"}
+    with pytest.raises(ValueError, match="needs a title"):
+        llms.llms_txt(" ", "summary", _pages())
+
+
+def test_llms_full_txt_holds_every_twin_in_order() -> None:
+    text = llms.llms_full_txt("accel", "Summary.", _pages())
+    assert text.startswith("# accel\n\n> Summary.\n")
+    positions = [text.index(f"<!-- {page.twin} -->\n\n{page.markdown.strip()}") for page in _pages()]
+    assert positions == sorted(positions)
+
+
+def test_reference_directives_are_read_with_their_options() -> None:
+    text = (
+        '# Page\n\n::: pkg.mod.Thing\n    options:\n      heading: "accel.Thing"\n\n      members:\n        - go\n'
+        "\nAfter.\n\n```markdown\n::: not.a.directive\n```\n::: pkg.other\n"
+    )
+    assert api_markdown.split_directives(text) == [
+        "# Page\n\n",
+        ("pkg.mod.Thing", {"heading": "accel.Thing", "members": ["go"]}),
+        "\nAfter.\n\n```markdown\n::: not.a.directive\n```\n",
+        ("pkg.other", {}),
+    ]
+    with pytest.raises(ValueError, match="options of '::: pkg.x' are not valid YAML"):
+        api_markdown.split_directives("::: pkg.x\n    options: [unclosed\n")
+    with pytest.raises(ValueError, match="options of '::: pkg.x' must be a mapping"):
+        api_markdown.split_directives("::: pkg.x\n    - a list\n")
+
+
+THING = '''
+class Thing:
+    """A thing.
+
+    Args:
+        size: How big.
+        name: What it is called.
+    """
+
+    def __init__(self, size: int, name: str = "x") -> None:
+        self.size = size
+
+    def go(self, steps: int = 1) -> int:
+        """Move.
+
+        Returns:
+            Where it ended.
+
+        Raises:
+            ValueError: if steps is negative.
+        """
+        return steps
+
+    def _hidden(self) -> None:
+        """Not shown."""
+'''
+
+
+def test_reference_directives_become_markdown_of_the_code() -> None:
+    import griffe
+
+    with griffe.temporary_visited_module(THING, module_name="pkg", docstring_parser=griffe.Parser.google) as module:
+        out = api_markdown.expand_directives(
+            '# Ref\n\n::: pkg.Thing\n    options:\n      heading: "accel.Thing"\n\nEnd.\n',
+            lambda identifier: module.get_member(identifier.removeprefix("pkg.")),
+        )
+    assert out.startswith("# Ref\n\n## accel.Thing\n\n*class* `pkg.Thing`\n\n```python\nThing(size: int, name: str = ")
+    assert "- `size` (`int`): How big.\n- `name` (`str`, default `'x'`): What it is called." in out
+    assert "### accel.Thing.go\n\n*method* `pkg.Thing.go`\n\n```python\ngo(steps: int = 1) -> int\n```" in out
+    assert "**Returns:**\n\n- `int`: Where it ended." in out and "- `ValueError`: if steps is negative." in out
+    assert "_hidden" not in out and out.rstrip().endswith("End.")
+
+
+def test_reference_resolver_names_what_it_cannot_find() -> None:
+    resolve = api_markdown.griffe_resolver(["json"])
+    assert resolve("json.dumps").name == "dumps"
+    with pytest.raises(LookupError, match=r"'json.no_such_name', which is not in the packages loaded \(json\)"):
+        resolve("json.no_such_name")
+
+
+def _fake_page(uri: str, title: str) -> types.SimpleNamespace:
+    file = types.SimpleNamespace(src_uri=uri, dest_uri=uri.removesuffix(".md") + ".html")
+    return types.SimpleNamespace(file=file, title=title, is_page=True, children=None)
+
+
+def test_hooks_write_twins_and_llms_files_the_site_check_accepts(
+    tmp_path: pathlib.Path,
+) -> None:
+    docs, site = tmp_path / "docs", tmp_path / "site"
+    docs.mkdir()
+    (docs / "tour.md").write_text("# Tour\n\nRuns a loop.\n\n```python\nprint(1)\n```\n")
+    (docs / "index.md").write_text("# Home\n\nThe start.\n")
+    config = {"docs_dir": str(docs), "site_dir": str(site), "site_name": "accel", "site_description": "Sum.", "nav": []}
+    docs_hooks.on_config(config)
+    home, tour = _fake_page("index.md", "Home"), _fake_page("tour.md", "Tour")
+    html_tour = docs_hooks.on_page_markdown((docs / "tour.md").read_text(), tour, config, None)
+    html_home = docs_hooks.on_page_markdown((docs / "index.md").read_text(), home, config, None)
+    assert "ci-examples" not in html_tour + html_home
+    guide = types.SimpleNamespace(title="Guide", children=[tour], is_page=False)
+    docs_hooks.on_nav(types.SimpleNamespace(items=[home, guide]), config, None)
+    site.mkdir()
+    for page in ("index.html", "tour.html"):
+        (site / page).write_text("<html></html>")
+    docs_hooks.on_post_build(config)
+    twin = (site / "tour.md").read_text()
+    assert twin == (docs / "tour.md").read_text()
+    listed = (site / "llms.txt").read_text()
+    assert "## Start\n\n- [Home](index.md): The start.\n" in listed
+    assert "## Guide\n\n- [Tour](tour.md): Runs a loop.\n" in listed
+    assert check_site.check_tool_files(site) == []
+    (site / "extra.html").write_text("<html></html>")
+    assert check_site.check_tool_files(site) == [
+        "extra.html: no Markdown twin extra.md",
+        "extra.html: llms.txt does not list its twin extra.md",
+        "extra.html: llms-full.txt does not hold its twin extra.md",
+    ]
+    (site / "llms.txt").unlink()
+    assert "no llms.txt at the site's root" in check_site.check_tool_files(site, ["index.html"])
 
 
 def test_site_check_wants_search_that_loads_from_disk(tmp_path: pathlib.Path) -> None:
