@@ -13,7 +13,8 @@ the text ``<object object`` (a default value rendered as Python's repr of a sent
 Search must work from a copy opened from disk: the index is also there as ``search/search_index.js``
 (the offline plugin's), the local worker shim is there, and no page loads a script from the network.
 For tools: every page has its Markdown twin (``page.md`` beside ``page.html``), ``llms.txt`` links every
-twin, ``llms-full.txt`` holds every twin.
+twin, ``llms-full.txt`` holds every twin, and every guide page whose examples CI runs carries the note
+that says so, with the versions of the build.
 Prints the problems and exits 1 if there are any.
 """
 
@@ -28,7 +29,8 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from docs_site import llms, reference  # noqa: E402
+import run_doc_examples  # noqa: E402
+from docs_site import examples_note, llms, reference  # noqa: E402
 
 #: The local script that runs the search worker on a file:// page (mkdocs.yml, extra.polyfills).
 WORKER_SHIM = "javascripts/iframe-worker.js"
@@ -133,6 +135,23 @@ def check_tool_files(site: pathlib.Path, pages: list[str] | None = None) -> list
     return problems
 
 
+def check_examples_notes(site: pathlib.Path, guide_pages: list[pathlib.Path] | None = None) -> list[str]:
+    """Every guide page whose examples CI runs must carry the note (HTML and twin); empty when all do."""
+    guide_pages = run_doc_examples.default_pages() if guide_pages is None else guide_pages
+    problems = []
+    for source in guide_pages:
+        count = examples_note.count_examples(run_doc_examples.extract_blocks(source))
+        built = site / f"{source.stem}.html"
+        if not count.runnable or not built.exists():
+            continue
+        if f"admonition note {examples_note.NOTE_CLASS}" not in built.read_text(encoding="utf-8"):
+            problems.append(f"{built.name}: {count.runnable} examples run in CI, but the page does not say so")
+        twin = site / llms.twin_path(built.name)
+        if twin.exists() and "**Examples run in CI.**" not in twin.read_text(encoding="utf-8"):
+            problems.append(f"{twin.name}: {count.runnable} examples run in CI, but the twin does not say so")
+    return problems
+
+
 def check(site: pathlib.Path, undocumented: list[str] | None = None) -> list[str]:
     """Every problem of the built site at ``site`` (empty when it passes).
 
@@ -176,6 +195,7 @@ def check(site: pathlib.Path, undocumented: list[str] | None = None) -> list[str
             problems.append(f"{name}: #{anchor} is not in the search index")
     problems += check_offline_search(site)
     problems += check_tool_files(site)
+    problems += check_examples_notes(site)
     return problems
 
 

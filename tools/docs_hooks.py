@@ -5,7 +5,9 @@
 - ``on_files``: the API reference pages (``tools/docs_site/reference.py``), the package READMEs, and
   the pictures (layer and flow diagrams, benchmark plots) are added as generated files;
 - ``on_page_markdown``: links to ``page.html`` (the old guide's form) become ``page.md``; the markers ``<!-- cli-reference -->``, ``<!-- accelerate-mapping -->`` and
-  ``<!-- benchmark-plots -->`` are replaced by what they name; the page's Markdown twin is kept (see below); the
+  ``<!-- benchmark-plots -->`` are replaced by what they name; a page whose examples
+  ``tools/run_doc_examples.py`` runs gets a note saying so, with the accel and torch versions of the
+  build (``tools/docs_site/examples_note.py``); the page's Markdown twin is kept (see below); the
   attributes of runnable code fences (``processes=2``, ``run-if=...``, ``file=...``) become a caption;
   and inline code naming a public object (`` `init_empty_weights` ``, `` `accelerator.save_state()` ``)
   links to its reference entry;
@@ -29,7 +31,8 @@ if str(TOOLS) not in sys.path:
     sys.path.insert(0, str(TOOLS))
 
 import build_guide  # noqa: E402
-from docs_site import api_markdown, llms, migration, pictures, reference  # noqa: E402
+import run_doc_examples  # noqa: E402
+from docs_site import api_markdown, examples_note, llms, migration, pictures, reference  # noqa: E402
 
 MAPPING_MARKER = "<!-- accelerate-mapping -->"
 BENCH_MARKER = "<!-- benchmark-plots -->"
@@ -168,9 +171,22 @@ def md_links(markdown: str, docs_dir: pathlib.Path) -> str:
 
 
 @functools.cache
+def _versions() -> dict[str, str]:
+    return examples_note.build_versions()
+
+
+@functools.cache
 def _resolver() -> Any:
     packages = [distribution.replace("-", "_") for distribution in reference.DISTRIBUTIONS] + ["accel"]
     return api_markdown.griffe_resolver(packages)
+
+
+def examples_count(page_path: pathlib.Path) -> examples_note.ExampleCount | None:
+    """How many examples of a page CI runs, or None when the runner does not run the page (or none of it)."""
+    if not examples_note.runs_examples(page_path, run_doc_examples.default_pages()):
+        return None
+    count = examples_note.count_examples(run_doc_examples.extract_blocks(page_path))
+    return count if count.runnable else None
 
 
 def twin_markdown(markdown: str) -> str:
@@ -181,8 +197,8 @@ def twin_markdown(markdown: str) -> str:
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    """Fill the markers, keep the twin, caption the runnable fences and link inline code to the
-    reference."""
+    """Fill the markers, add the examples note, keep the twin, caption the runnable fences and link
+    inline code to the reference."""
     if build_guide.CLI_MARKER in markdown:
         markdown = markdown.replace(build_guide.CLI_MARKER, build_guide.cli_reference())
     if MAPPING_MARKER in markdown:
@@ -192,7 +208,11 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if page.file.src_uri.count("/") == 0:
         markdown = md_links(markdown, pathlib.Path(config["docs_dir"]))
     twin = twin_markdown(markdown)
-    description = llms.describe(twin)
+    description = llms.describe(twin)  # before the note, which would otherwise be the first paragraph
+    count = examples_count(pathlib.Path(config["docs_dir"]) / page.file.src_uri)
+    if count is not None:
+        twin = llms.insert_after_title(twin, examples_note.quote(count, _versions()))
+        markdown = llms.insert_after_title(markdown, examples_note.admonition(count, _versions()))
     _TWINS[page.file.src_uri] = (page, twin, description)
     markdown = captions(markdown)
     if not page.file.src_uri.startswith("reference/"):

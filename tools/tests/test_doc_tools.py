@@ -22,7 +22,7 @@ import check_site  # noqa: E402
 import devtools_pipe  # noqa: E402
 import docs_hooks  # noqa: E402
 import run_doc_examples  # noqa: E402
-from docs_site import api_markdown, llms, pictures  # noqa: E402
+from docs_site import api_markdown, examples_note, llms, pictures  # noqa: E402
 
 
 def _page(tmp_path: pathlib.Path, text: str) -> pathlib.Path:
@@ -412,6 +412,48 @@ def test_llms_full_txt_holds_every_twin_in_order() -> None:
     assert positions == sorted(positions)
 
 
+def test_examples_note_counts_what_the_runner_runs(tmp_path: pathlib.Path) -> None:
+    page = _page(
+        tmp_path,
+        "# T\n\n```python\nx = 1\n```\n\n```bash run-if=cuda\necho\n```\n\n```python file=a.py\ny = 2\n```\n\n"
+        "```text\nshown\n```\n",
+    )
+    count = examples_note.count_examples(run_doc_examples.extract_blocks(page))
+    assert count == examples_note.ExampleCount(runnable=2, conditional=1)
+    versions = {"accel": "1.2.3", "torch": "2.13.0"}
+    text = examples_note.sentence(count, versions)
+    assert text.startswith("The 2 runnable examples on this page run in CI (1 of them only where")
+    assert text.endswith("built with: accel 1.2.3, torch 2.13.0.")
+    assert examples_note.sentence(examples_note.ExampleCount(1, 0), versions).startswith(
+        "The runnable example on this page runs in CI, by"
+    )
+    assert examples_note.admonition(count, versions).startswith(
+        '!!! note ci-examples "Examples run in CI"\n\n    The 2'
+    )
+    with pytest.raises(ValueError, match="only when an example of it runs; got 0"):
+        examples_note.sentence(examples_note.ExampleCount(0, 0), versions)
+    assert examples_note.runs_examples(page, [tmp_path / "other.md", tmp_path / "." / "page.md"])
+    assert not examples_note.runs_examples(page, [tmp_path / "other.md"])
+
+
+def test_build_versions_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "fake_versioned", types.SimpleNamespace(__version__="9.8.7"))
+    assert examples_note.installed_version("fake-versioned") == "9.8.7"
+    assert examples_note.installed_version("pytest", module="no_such_module_xyz") == pytest.__version__
+    with pytest.raises(LookupError, match="cannot tell which no-such-dist-xyz the examples run against"):
+        examples_note.installed_version("no-such-dist-xyz")
+    import torch
+
+    assert examples_note.build_versions()["torch"] == torch.__version__
+
+
+def test_the_runner_and_the_note_share_the_list_of_pages(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "docs").mkdir()
+    for name in ("b.md", "a.md", "notes.txt"):
+        (tmp_path / "docs" / name).write_text("# t\n")
+    assert run_doc_examples.default_pages(tmp_path) == [tmp_path / "docs" / "a.md", tmp_path / "docs" / "b.md"]
+
+
 def test_reference_directives_are_read_with_their_options() -> None:
     text = (
         '# Page\n\n::: pkg.mod.Thing\n    options:\n      heading: "accel.Thing"\n\n      members:\n        - go\n'
@@ -485,18 +527,20 @@ def _fake_page(uri: str, title: str) -> types.SimpleNamespace:
 
 
 def test_hooks_write_twins_and_llms_files_the_site_check_accepts(
-    tmp_path: pathlib.Path,
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     docs, site = tmp_path / "docs", tmp_path / "site"
     docs.mkdir()
     (docs / "tour.md").write_text("# Tour\n\nRuns a loop.\n\n```python\nprint(1)\n```\n")
     (docs / "index.md").write_text("# Home\n\nThe start.\n")
+    monkeypatch.setattr(run_doc_examples, "default_pages", lambda root=None: sorted(docs.glob("*.md")))
+    monkeypatch.setattr(docs_hooks, "_versions", lambda: {"accel": "1.0", "torch": "2.0"})
     config = {"docs_dir": str(docs), "site_dir": str(site), "site_name": "accel", "site_description": "Sum.", "nav": []}
     docs_hooks.on_config(config)
     home, tour = _fake_page("index.md", "Home"), _fake_page("tour.md", "Tour")
     html_tour = docs_hooks.on_page_markdown((docs / "tour.md").read_text(), tour, config, None)
     html_home = docs_hooks.on_page_markdown((docs / "index.md").read_text(), home, config, None)
-    assert "ci-examples" not in html_tour + html_home
+    assert '!!! note ci-examples "Examples run in CI"' in html_tour and "ci-examples" not in html_home
     guide = types.SimpleNamespace(title="Guide", children=[tour], is_page=False)
     docs_hooks.on_nav(types.SimpleNamespace(items=[home, guide]), config, None)
     site.mkdir()
@@ -504,7 +548,8 @@ def test_hooks_write_twins_and_llms_files_the_site_check_accepts(
         (site / page).write_text("<html></html>")
     docs_hooks.on_post_build(config)
     twin = (site / "tour.md").read_text()
-    assert twin == (docs / "tour.md").read_text()
+    assert twin.startswith("# Tour\n\n> **Examples run in CI.** The runnable example on this page runs in CI")
+    assert "accel 1.0, torch 2.0" in twin
     listed = (site / "llms.txt").read_text()
     assert "## Start\n\n- [Home](index.md): The start.\n" in listed
     assert "## Guide\n\n- [Tour](tour.md): Runs a loop.\n" in listed
@@ -517,6 +562,11 @@ def test_hooks_write_twins_and_llms_files_the_site_check_accepts(
     ]
     (site / "llms.txt").unlink()
     assert "no llms.txt at the site's root" in check_site.check_tool_files(site, ["index.html"])
+    assert check_site.check_examples_notes(site, [docs / "tour.md"]) == [
+        "tour.html: 1 examples run in CI, but the page does not say so"
+    ]
+    (site / "tour.html").write_text('<div class="admonition note ci-examples">x</div>')
+    assert check_site.check_examples_notes(site, [docs / "tour.md", docs / "index.md"]) == []
 
 
 def test_site_check_wants_search_that_loads_from_disk(tmp_path: pathlib.Path) -> None:
