@@ -1,12 +1,15 @@
-"""Open the built site in a real headless browser: the home page and one reference page.
+"""Open the built site in a real headless browser: the home page, one reference page, and search.
 
     python tools/check_browser.py [build/site] [--screenshots DIR]
 
 Serves the site folder over HTTP on a free local port, loads each page in Debian's ``chromium``
 (headless, sandbox off, no network beyond the local server, a fresh profile), takes a screenshot and
 reads the DOM the browser built (after its scripts ran): the page must show the navigation sidebar
-and the search box of the theme, and the reference page the ``Accelerator`` entry. Exits 0 with a
-"skipped" line when no chromium is installed (``apt-get install -y chromium`` gives one).
+and the search box of the theme, and the reference page the ``Accelerator`` entry. Then it searches
+as a reader does, twice: ``index.html`` opened from disk (``file://``, as the build's last line tells
+you to) and over HTTP, it clicks the search box, types a word and waits for results to be listed
+(``tools/devtools_pipe.py`` drives chromium). Exits 0 with a "skipped" line when no chromium is
+installed (``apt-get install -y chromium`` gives one).
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ import threading
 from collections.abc import Iterator
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import devtools_pipe  # noqa: E402
+
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 FLAGS = (
     "--headless",
@@ -50,6 +57,13 @@ PAGES = {
         "a method signature": "save_state",
     },
 }
+
+
+#: What the search check types: a word every build of the guide has pages about.
+SEARCH_QUERY = "checkpoint"
+SEARCH_INPUT = ".md-search__input"
+SEARCH_RESULT = ".md-search-result__item"
+SEARCH_META = ".md-search-result__meta"
 
 
 def find_browser() -> str | None:
@@ -107,6 +121,38 @@ def check_page(browser: str, url: str, marks: dict[str, str], screenshot: pathli
     return problems
 
 
+def check_search(browser: str, url: str, query: str = SEARCH_QUERY, seconds: float = 30.0) -> tuple[int, list[str]]:
+    """Load ``url``, click its search box, type ``query`` and wait up to ``seconds`` for results.
+
+    Returns:
+        How many results were listed, and the problems (empty when some were).
+    """
+    with tempfile.TemporaryDirectory(prefix="accel-chromium-") as profile:
+        command = [browser, *FLAGS, f"--user-data-dir={profile}"]
+        try:
+            with devtools_pipe.Browser(command, timeout=seconds) as tab:
+                session = tab.open(url)
+                ready = f"document.readyState === 'complete' && !!document.querySelector({SEARCH_INPUT!r})"
+                if not tab.wait_for(session, ready, seconds):
+                    return 0, [f"{url}: no search box ({SEARCH_INPUT}) once loaded"]
+                tab.click(session, SEARCH_INPUT)
+                tab.type(session, query)
+                count = tab.wait_for(session, f"document.querySelectorAll({SEARCH_RESULT!r}).length", seconds)
+                if count:
+                    return int(count), []
+                meta = tab.evaluate(
+                    session, f"(document.querySelector({SEARCH_META!r}) || {{textContent: ''}}).textContent"
+                )
+                errors = "; ".join(tab.exceptions()) or "none"
+                shown = " ".join((meta or "").split()) or "nothing"
+                return 0, [
+                    f"{url}: typing {query!r} into search listed no result in {seconds:.0f} s "
+                    f"(the search panel says {shown!r}; script errors: {errors})"
+                ]
+        except devtools_pipe.DevToolsError as error:
+            return 0, [f"{url}: the browser could not be driven: {error}"]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Check the pages of ``PAGES`` in the site folder; print one line per page and a summary."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -127,11 +173,23 @@ def main(argv: list[str] | None = None) -> int:
             screenshot = args.screenshots / (page.replace("/", "_").replace(".html", ".png"))
             found = check_page(browser, base + page, marks, screenshot)
             problems += found
-            print(f"{'ok' if not found else 'FAILED':7} {page} (screenshot {screenshot.relative_to(ROOT)})")
+            print(f"{'ok' if not found else 'FAILED':7} {page} (screenshot {_shown(screenshot)})")
+        searches = {"file://": (args.site.resolve() / "index.html").as_uri(), "HTTP": base + "index.html"}
+        for how, url in searches.items():
+            count, found = check_search(browser, url)
+            problems += found
+            print(f"{'ok' if not found else 'FAILED':7} search from {how}: {SEARCH_QUERY!r} listed {count} result(s)")
     for problem in problems:
         print(problem)
-    print(f"browser check: {len(PAGES)} pages, {len(problems)} problem(s)")
+    print(f"browser check: {len(PAGES)} pages, search from file:// and HTTP, {len(problems)} problem(s)")
     return 1 if problems else 0
+
+
+def _shown(path: pathlib.Path) -> pathlib.Path:
+    try:
+        return path.resolve().relative_to(ROOT)
+    except ValueError:
+        return path
 
 
 if __name__ == "__main__":

@@ -9,6 +9,12 @@ docstring rendered), and the search index must hold an entry for that anchor. An
 no docstring at all is listed apart: that gap belongs to the docstring ratchet
 (``tools/check_docstrings.py`` and its baseline), which fails when such gaps grow. No page may contain
 the text ``<object object`` (a default value rendered as Python's repr of a sentinel).
+
+Search must work from a copy opened from disk: the index is also there as ``search/search_index.js``
+(the offline plugin's), the local worker shim is there, and no page loads a script from the network.
+For tools: every page has its Markdown twin (``page.md`` beside ``page.html``), ``llms.txt`` links every
+twin, ``llms-full.txt`` holds every twin, and every guide page whose examples CI runs carries the note
+that says so, with the versions of the build.
 Prints the problems and exits 1 if there are any.
 """
 
@@ -17,12 +23,20 @@ from __future__ import annotations
 import html.parser
 import json
 import pathlib
+import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from docs_site import reference  # noqa: E402
+import run_doc_examples  # noqa: E402
+from docs_site import examples_note, llms, reference  # noqa: E402
+
+#: The local script that runs the search worker on a file:// page (mkdocs.yml, extra.polyfills).
+WORKER_SHIM = "javascripts/iframe-worker.js"
+#: Built pages that are not pages of the guide (the theme's "not found" page).
+NOT_PAGES = {"404.html"}
+REMOTE_SCRIPT = re.compile(r"<script[^>]*\ssrc=\"(?P<src>(?:https?:)?//[^\"]+)\"")
 
 
 class _Entries(html.parser.HTMLParser):
@@ -67,6 +81,77 @@ def _page_entries(site: pathlib.Path, page: str) -> _Entries:
     return parser
 
 
+def site_pages(site: pathlib.Path) -> list[str]:
+    """Every built page of the guide, as a path from the site root (``reference/accel-data.html``)."""
+    pages = (page.relative_to(site).as_posix() for page in site.rglob("*.html"))
+    return sorted(page for page in pages if page not in NOT_PAGES and not page.startswith("assets/"))
+
+
+def check_offline_search(site: pathlib.Path) -> list[str]:
+    """Problems keeping search from working when the site is opened from disk (empty when none)."""
+    problems = []
+    script = site / "search" / "search_index.js"
+    if not script.exists():
+        problems.append("no search/search_index.js: search cannot load from file:// (is the offline plugin on?)")
+    elif not script.read_text(encoding="utf-8").startswith("var __index = "):
+        problems.append("search/search_index.js does not define __index (the theme reads it from there)")
+    if not (site / WORKER_SHIM).exists():
+        problems.append(f"no {WORKER_SHIM}: the search worker cannot start from file://")
+    for page in site_pages(site):
+        text = (site / page).read_text(encoding="utf-8")
+        for found in REMOTE_SCRIPT.finditer(text):
+            problems.append(
+                f"{page} loads a script from the network ({found.group('src')}); a copy opened offline cannot"
+            )
+        if WORKER_SHIM not in text:
+            problems.append(f"{page} does not load {WORKER_SHIM} (mkdocs.yml extra.polyfills)")
+    return problems
+
+
+def check_tool_files(site: pathlib.Path, pages: list[str] | None = None) -> list[str]:
+    """Problems of the files for tools: twins, llms.txt, llms-full.txt (empty when none)."""
+    pages = site_pages(site) if pages is None else pages
+    problems = []
+    index, full = site / "llms.txt", site / "llms-full.txt"
+    listed: set[str] = set()
+    if not index.exists():
+        problems.append("no llms.txt at the site's root")
+    else:
+        text = index.read_text(encoding="utf-8")
+        if not text.startswith("# ") or "\n> " not in text:
+            problems.append("llms.txt does not open with an H1 title and a blockquote summary")
+        listed = llms.linked_files(text)
+    full_text = full.read_text(encoding="utf-8") if full.exists() else None
+    if full_text is None:
+        problems.append("no llms-full.txt at the site's root")
+    for page in pages:
+        twin = llms.twin_path(page)
+        if not (site / twin).exists():
+            problems.append(f"{page}: no Markdown twin {twin}")
+        if index.exists() and twin not in listed:
+            problems.append(f"{page}: llms.txt does not list its twin {twin}")
+        if full_text is not None and f"<!-- {twin} -->" not in full_text:
+            problems.append(f"{page}: llms-full.txt does not hold its twin {twin}")
+    return problems
+
+
+def check_examples_notes(site: pathlib.Path, guide_pages: list[pathlib.Path] | None = None) -> list[str]:
+    """Every guide page whose examples CI runs must carry the note (HTML and twin); empty when all do."""
+    guide_pages = run_doc_examples.default_pages() if guide_pages is None else guide_pages
+    problems = []
+    for source in guide_pages:
+        count = examples_note.count_examples(run_doc_examples.extract_blocks(source))
+        built = site / f"{source.stem}.html"
+        if not count.runnable or not built.exists():
+            continue
+        if f"admonition note {examples_note.NOTE_CLASS}" not in built.read_text(encoding="utf-8"):
+            problems.append(f"{built.name}: {count.runnable} examples run in CI, but the page does not say so")
+        twin = site / llms.twin_path(built.name)
+        if twin.exists() and "**Examples run in CI.**" not in twin.read_text(encoding="utf-8"):
+            problems.append(f"{twin.name}: {count.runnable} examples run in CI, but the twin does not say so")
+    return problems
+
+
 def check(site: pathlib.Path, undocumented: list[str] | None = None) -> list[str]:
     """Every problem of the built site at ``site`` (empty when it passes).
 
@@ -108,6 +193,9 @@ def check(site: pathlib.Path, undocumented: list[str] | None = None) -> list[str
                 undocumented.append(name)
         if locations and f"{page.replace('.md', '.html')}#{anchor}" not in locations:
             problems.append(f"{name}: #{anchor} is not in the search index")
+    problems += check_offline_search(site)
+    problems += check_tool_files(site)
+    problems += check_examples_notes(site)
     return problems
 
 

@@ -5,9 +5,16 @@
 - ``on_files``: the API reference pages (``tools/docs_site/reference.py``), the package READMEs, and
   the pictures (layer and flow diagrams, benchmark plots) are added as generated files;
 - ``on_page_markdown``: links to ``page.html`` (the old guide's form) become ``page.md``; the markers ``<!-- cli-reference -->``, ``<!-- accelerate-mapping -->`` and
-  ``<!-- benchmark-plots -->`` are replaced by what they name; the attributes of runnable code fences
-  (``processes=2``, ``run-if=...``, ``file=...``) become a caption; and inline code naming a public
-  object (`` `init_empty_weights` ``, `` `accelerator.save_state()` ``) links to its reference entry.
+  ``<!-- benchmark-plots -->`` are replaced by what they name; a page whose examples
+  ``tools/run_doc_examples.py`` runs gets a note saying so, with the accel and torch versions of the
+  build (``tools/docs_site/examples_note.py``); the page's Markdown twin is kept (see below); the
+  attributes of runnable code fences (``processes=2``, ``run-if=...``, ``file=...``) become a caption;
+  and inline code naming a public object (`` `init_empty_weights` ``, `` `accelerator.save_state()` ``)
+  links to its reference entry;
+- ``on_nav`` / ``on_post_build``: every page's Markdown twin is written beside it (``page.md`` beside
+  ``page.html``), and ``llms.txt`` and ``llms-full.txt`` at the site's root, in navigation order
+  (``tools/docs_site/llms.py``; the reference pages' directives written out by
+  ``tools/docs_site/api_markdown.py``).
 """
 
 from __future__ import annotations
@@ -24,12 +31,17 @@ if str(TOOLS) not in sys.path:
     sys.path.insert(0, str(TOOLS))
 
 import build_guide  # noqa: E402
-from docs_site import migration, pictures, reference  # noqa: E402
+import run_doc_examples  # noqa: E402
+from docs_site import api_markdown, examples_note, llms, migration, pictures, reference  # noqa: E402
 
 MAPPING_MARKER = "<!-- accelerate-mapping -->"
 BENCH_MARKER = "<!-- benchmark-plots -->"
 FENCE = re.compile(r"^ {0,12}(`{3,}|~{3,})")
 INLINE_CODE = re.compile(r"(?<![`\[])`(?P<code>[A-Za-z_][\w.]*)(?P<call>\(\))?`(?![`\]])")
+
+#: What this build has seen: src_uri -> (page, its Markdown twin, its description); the navigation.
+_TWINS: dict[str, tuple[Any, str, str]] = {}
+_NAV: list[Any] = []
 
 
 @functools.cache
@@ -57,6 +69,8 @@ def _link_targets() -> dict[str, str]:
 
 def on_config(config: Any) -> Any:
     """Append the guide pages the nav does not list to its "Guide" section."""
+    _TWINS.clear()
+    _NAV.clear()
     nav = config["nav"] or []
     listed: set[str] = set()
 
@@ -156,8 +170,35 @@ def md_links(markdown: str, docs_dir: pathlib.Path) -> str:
     return HTML_LINK.sub(replace, markdown)
 
 
+@functools.cache
+def _versions() -> dict[str, str]:
+    return examples_note.build_versions()
+
+
+@functools.cache
+def _resolver() -> Any:
+    packages = [distribution.replace("-", "_") for distribution in reference.DISTRIBUTIONS] + ["accel"]
+    return api_markdown.griffe_resolver(packages)
+
+
+def examples_count(page_path: pathlib.Path) -> examples_note.ExampleCount | None:
+    """How many examples of a page CI runs, or None when the runner does not run the page (or none of it)."""
+    if not examples_note.runs_examples(page_path, run_doc_examples.default_pages()):
+        return None
+    count = examples_note.count_examples(run_doc_examples.extract_blocks(page_path))
+    return count if count.runnable else None
+
+
+def twin_markdown(markdown: str) -> str:
+    """A page's filled-in Markdown as its twin shows it: directives written out, plain Markdown."""
+    if "\n::: " in f"\n{markdown}":
+        markdown = api_markdown.expand_directives(markdown, _resolver())
+    return llms.plain_markdown(markdown)
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    """Fill the markers, caption the runnable fences and link inline code to the reference."""
+    """Fill the markers, add the examples note, keep the twin, caption the runnable fences and link
+    inline code to the reference."""
     if build_guide.CLI_MARKER in markdown:
         markdown = markdown.replace(build_guide.CLI_MARKER, build_guide.cli_reference())
     if MAPPING_MARKER in markdown:
@@ -166,7 +207,54 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         markdown = markdown.replace(BENCH_MARKER, _bench()[0])
     if page.file.src_uri.count("/") == 0:
         markdown = md_links(markdown, pathlib.Path(config["docs_dir"]))
+    twin = twin_markdown(markdown)
+    description = llms.describe(twin)  # before the note, which would otherwise be the first paragraph
+    count = examples_count(pathlib.Path(config["docs_dir"]) / page.file.src_uri)
+    if count is not None:
+        twin = llms.insert_after_title(twin, examples_note.quote(count, _versions()))
+        markdown = llms.insert_after_title(markdown, examples_note.admonition(count, _versions()))
+    _TWINS[page.file.src_uri] = (page, twin, description)
     markdown = captions(markdown)
     if not page.file.src_uri.startswith("reference/"):
         markdown = link_inline_code(markdown)
     return markdown
+
+
+def on_nav(nav: Any, config: Any, files: Any) -> Any:
+    """Keep the navigation: llms.txt lists the pages in its order and under its sections."""
+    _NAV[:] = [nav]
+    return nav
+
+
+def nav_sections(items: list[Any], section: str = llms.TOP_SECTION) -> list[tuple[str, Any]]:
+    """``(section title, page)`` for every page of a MkDocs navigation, in order; a page inside nested
+    sections is listed under their titles joined by " / "."""
+    found: list[tuple[str, Any]] = []
+    for item in items:
+        children = getattr(item, "children", None)
+        if children is not None and not getattr(item, "is_page", False):
+            title = item.title if section == llms.TOP_SECTION else f"{section} / {item.title}"
+            found += nav_sections(children, title)
+        elif getattr(item, "is_page", False):
+            found.append((section, item))
+    return found
+
+
+def on_post_build(config: Any) -> None:
+    """Write every page's twin beside it, then llms.txt and llms-full.txt at the site's root."""
+    site = pathlib.Path(config["site_dir"])
+    listed = nav_sections(_NAV[0].items) if _NAV else []
+    seen = {page.file.src_uri for _, page in listed}
+    listed += [("Other pages", page) for uri, (page, _, _) in sorted(_TWINS.items()) if uri not in seen]
+    pages = []
+    for section, page in listed:
+        if page.file.src_uri not in _TWINS:
+            continue
+        twin = llms.twin_path(page.file.dest_uri)
+        _, text, description = _TWINS[page.file.src_uri]
+        (site / twin).parent.mkdir(parents=True, exist_ok=True)
+        (site / twin).write_text(text, encoding="utf-8")
+        pages.append(llms.Page(page.title or twin, twin, text, section, description))
+    title, summary = config["site_name"], config.get("site_description") or ""
+    (site / "llms.txt").write_text(llms.llms_txt(title, summary, pages), encoding="utf-8")
+    (site / "llms-full.txt").write_text(llms.llms_full_txt(title, summary, pages), encoding="utf-8")

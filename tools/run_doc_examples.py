@@ -217,6 +217,12 @@ def run_block(block: Block, workdir: pathlib.Path) -> Outcome:
     return Outcome(block, "ran", seconds, output)
 
 
+def default_pages(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
+    """The pages run when none are named: every ``docs/*.md`` of the guide, in name order (the site's
+    note that a page's examples run in CI is written for these pages, by the same rule)."""
+    return sorted((root / "docs").glob("*.md"))
+
+
 def run_page(path: pathlib.Path, keep: bool = False) -> list[Outcome]:
     """Every block of one page, in order, in one scratch folder (removed afterwards unless ``keep``)."""
     blocks = extract_blocks(path)
@@ -267,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be 1 or more, got {args.jobs}")
-    pages = args.pages or sorted((ROOT / "docs").glob("*.md"))
+    pages = args.pages or default_pages()
     if args.list:
         for page in pages:
             for block in extract_blocks(page):

@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import pathlib
 import sys
+import tempfile
 import textwrap
 import types
 
@@ -18,9 +19,10 @@ import build_guide  # noqa: E402
 import check_browser  # noqa: E402
 import check_docstrings  # noqa: E402
 import check_site  # noqa: E402
+import devtools_pipe  # noqa: E402
 import docs_hooks  # noqa: E402
 import run_doc_examples  # noqa: E402
-from docs_site import pictures  # noqa: E402
+from docs_site import api_markdown, examples_note, llms, pictures  # noqa: E402
 
 
 def _page(tmp_path: pathlib.Path, text: str) -> pathlib.Path:
@@ -337,3 +339,282 @@ def test_old_html_links_point_at_the_markdown_pages(tmp_path: pathlib.Path) -> N
     assert docs_hooks.md_links(text, tmp_path) == (
         "See [launching](launching.md#flags), [data](packages/accel-data.md) and [x](nowhere.html)."
     )
+
+
+# --- search from disk, Markdown twins, llms.txt, the examples note ---------------------------------
+
+
+def test_twin_of_a_page_sits_beside_it() -> None:
+    assert llms.twin_path("quicktour.html") == "quicktour.md"
+    assert llms.twin_path("reference/index.html") == "reference/index.md"
+    with pytest.raises(ValueError, match=r"ends with \.html.*got 'quicktour\.md'"):
+        llms.twin_path("quicktour.md")
+
+
+def test_twin_markdown_drops_site_syntax_outside_code_blocks() -> None:
+    text = (
+        "## accel launch { #accel-launch }\n"
+        '<p class="accel-import"><code>from accel import X</code> (defined in <code>a.b</code>)</p>\n'
+        "```html\n<p><code>kept</code></p>\n## not a heading { #x }\n```\n"
+    )
+    assert llms.plain_markdown(text) == (
+        "## accel launch\n`from accel import X` (defined in `a.b`)\n"
+        "```html\n<p><code>kept</code></p>\n## not a heading { #x }\n```\n"
+    )
+
+
+def test_page_description_is_the_first_sentence_of_prose() -> None:
+    page = (
+        "# Title\n\n!!! note\n\n```python\n# A comment. Not prose.\n```\n\n"
+        "Reads [the data](data.md) from `disk`. Then more.\nAnd more.\n\n## Next\n\nOther.\n"
+    )
+    assert llms.describe(page) == "Reads the data from `disk`."
+    assert llms.describe("# Only a title\n\n```python\nx = 1\n```\n") == ""
+    assert llms.describe("A run stops, e.g. on preemption. accel resumes it.") == "A run stops, e.g. on preemption."
+    assert llms.describe("*An extension (`pp_size`). Off by default.*") == "An extension (`pp_size`)."
+    assert llms.describe("Uses `__init__` and snake_case_names.") == "Uses `__init__` and snake_case_names."
+    described = llms.describe("# T\n\n" + "word " * 100 + "end.\n", limit=40)
+    assert described.endswith("…") and len(described) <= 40 and described.startswith("word word")
+
+
+def test_note_goes_after_the_title_not_after_a_comment_in_code() -> None:
+    text = "```bash\n# not the title\n```\n# Title\n\nBody.\n"
+    assert llms.insert_after_title(text, "> note\n") == "```bash\n# not the title\n```\n# Title\n\n> note\n\nBody.\n"
+    assert llms.insert_after_title("No title.\n", "> note\n") == "> note\n\nNo title.\n"
+
+
+def _pages() -> list[llms.Page]:
+    return [
+        llms.Page("Home", "index.md", "# Home\n\nStart here. Then go on.\n", llms.TOP_SECTION),
+        llms.Page(
+            "Quick tour", "quicktour.md", "# Quick tour\n\n> note\n", "Guide", "A loop on any number of processes."
+        ),
+        llms.Page("Accelerator", "reference/accelerator.md", "# Accelerator\n\nThe object.\n", "Reference"),
+    ]
+
+
+def test_llms_txt_lists_every_page_under_its_section() -> None:
+    text = llms.llms_txt("accel", "One script,\n  many machines.", _pages())
+    assert text.startswith("# accel\n\n> One script, many machines.\n\n")
+    assert "\n## Start\n\n- [Home](index.md): Start here.\n" in text
+    assert "\n## Guide\n\n- [Quick tour](quicktour.md): A loop on any number of processes.\n" in text
+    assert "\n## Reference\n\n- [Accelerator](reference/accelerator.md): The object.\n" in text
+    assert "\n\n\n" not in text
+    assert llms.linked_files(text) == {"index.md", "quicktour.md", "reference/accelerator.md"}
+    with pytest.raises(ValueError, match="needs a title"):
+        llms.llms_txt(" ", "summary", _pages())
+
+
+def test_llms_full_txt_holds_every_twin_in_order() -> None:
+    text = llms.llms_full_txt("accel", "Summary.", _pages())
+    assert text.startswith("# accel\n\n> Summary.\n")
+    positions = [text.index(f"<!-- {page.twin} -->\n\n{page.markdown.strip()}") for page in _pages()]
+    assert positions == sorted(positions)
+
+
+def test_examples_note_counts_what_the_runner_runs(tmp_path: pathlib.Path) -> None:
+    page = _page(
+        tmp_path,
+        "# T\n\n```python\nx = 1\n```\n\n```bash run-if=cuda\necho\n```\n\n```python file=a.py\ny = 2\n```\n\n"
+        "```text\nshown\n```\n",
+    )
+    count = examples_note.count_examples(run_doc_examples.extract_blocks(page))
+    assert count == examples_note.ExampleCount(runnable=2, conditional=1)
+    versions = {"accel": "1.2.3", "torch": "2.13.0"}
+    text = examples_note.sentence(count, versions)
+    assert text.startswith("The 2 runnable examples on this page run in CI (1 of them only where")
+    assert text.endswith("built with: accel 1.2.3, torch 2.13.0.")
+    assert examples_note.sentence(examples_note.ExampleCount(1, 0), versions).startswith(
+        "The runnable example on this page runs in CI, by"
+    )
+    assert examples_note.admonition(count, versions).startswith(
+        '!!! note ci-examples "Examples run in CI"\n\n    The 2'
+    )
+    with pytest.raises(ValueError, match="only when an example of it runs; got 0"):
+        examples_note.sentence(examples_note.ExampleCount(0, 0), versions)
+    assert examples_note.runs_examples(page, [tmp_path / "other.md", tmp_path / "." / "page.md"])
+    assert not examples_note.runs_examples(page, [tmp_path / "other.md"])
+
+
+def test_build_versions_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "fake_versioned", types.SimpleNamespace(__version__="9.8.7"))
+    assert examples_note.installed_version("fake-versioned") == "9.8.7"
+    assert examples_note.installed_version("pytest", module="no_such_module_xyz") == pytest.__version__
+    with pytest.raises(LookupError, match="cannot tell which no-such-dist-xyz the examples run against"):
+        examples_note.installed_version("no-such-dist-xyz")
+    import torch
+
+    assert examples_note.build_versions()["torch"] == torch.__version__
+
+
+def test_the_runner_and_the_note_share_the_list_of_pages(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "docs").mkdir()
+    for name in ("b.md", "a.md", "notes.txt"):
+        (tmp_path / "docs" / name).write_text("# t\n")
+    assert run_doc_examples.default_pages(tmp_path) == [tmp_path / "docs" / "a.md", tmp_path / "docs" / "b.md"]
+
+
+def test_reference_directives_are_read_with_their_options() -> None:
+    text = (
+        '# Page\n\n::: pkg.mod.Thing\n    options:\n      heading: "accel.Thing"\n\n      members:\n        - go\n'
+        "\nAfter.\n\n```markdown\n::: not.a.directive\n```\n::: pkg.other\n"
+    )
+    assert api_markdown.split_directives(text) == [
+        "# Page\n\n",
+        ("pkg.mod.Thing", {"heading": "accel.Thing", "members": ["go"]}),
+        "\nAfter.\n\n```markdown\n::: not.a.directive\n```\n",
+        ("pkg.other", {}),
+    ]
+    with pytest.raises(ValueError, match="options of '::: pkg.x' are not valid YAML"):
+        api_markdown.split_directives("::: pkg.x\n    options: [unclosed\n")
+    with pytest.raises(ValueError, match="options of '::: pkg.x' must be a mapping"):
+        api_markdown.split_directives("::: pkg.x\n    - a list\n")
+
+
+THING = '''
+class Thing:
+    """A thing.
+
+    Args:
+        size: How big.
+        name: What it is called.
+    """
+
+    def __init__(self, size: int, name: str = "x") -> None:
+        self.size = size
+
+    def go(self, steps: int = 1) -> int:
+        """Move.
+
+        Returns:
+            Where it ended.
+
+        Raises:
+            ValueError: if steps is negative.
+        """
+        return steps
+
+    def _hidden(self) -> None:
+        """Not shown."""
+'''
+
+
+def test_reference_directives_become_markdown_of_the_code() -> None:
+    import griffe
+
+    with griffe.temporary_visited_module(THING, module_name="pkg", docstring_parser=griffe.Parser.google) as module:
+        out = api_markdown.expand_directives(
+            '# Ref\n\n::: pkg.Thing\n    options:\n      heading: "accel.Thing"\n\nEnd.\n',
+            lambda identifier: module.get_member(identifier.removeprefix("pkg.")),
+        )
+    assert out.startswith("# Ref\n\n## accel.Thing\n\n*class* `pkg.Thing`\n\n```python\nThing(size: int, name: str = ")
+    assert "- `size` (`int`): How big.\n- `name` (`str`, default `'x'`): What it is called." in out
+    assert "### accel.Thing.go\n\n*method* `pkg.Thing.go`\n\n```python\ngo(steps: int = 1) -> int\n```" in out
+    assert "**Returns:**\n\n- `int`: Where it ended." in out and "- `ValueError`: if steps is negative." in out
+    assert "_hidden" not in out and out.rstrip().endswith("End.")
+
+
+def test_reference_resolver_names_what_it_cannot_find() -> None:
+    resolve = api_markdown.griffe_resolver(["json"])
+    assert resolve("json.dumps").name == "dumps"
+    with pytest.raises(LookupError, match=r"'json.no_such_name', which is not in the packages loaded \(json\)"):
+        resolve("json.no_such_name")
+
+
+def _fake_page(uri: str, title: str) -> types.SimpleNamespace:
+    file = types.SimpleNamespace(src_uri=uri, dest_uri=uri.removesuffix(".md") + ".html")
+    return types.SimpleNamespace(file=file, title=title, is_page=True, children=None)
+
+
+def test_hooks_write_twins_and_llms_files_the_site_check_accepts(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs, site = tmp_path / "docs", tmp_path / "site"
+    docs.mkdir()
+    (docs / "tour.md").write_text("# Tour\n\nRuns a loop.\n\n```python\nprint(1)\n```\n")
+    (docs / "index.md").write_text("# Home\n\nThe start.\n")
+    monkeypatch.setattr(run_doc_examples, "default_pages", lambda root=None: sorted(docs.glob("*.md")))
+    monkeypatch.setattr(docs_hooks, "_versions", lambda: {"accel": "1.0", "torch": "2.0"})
+    config = {"docs_dir": str(docs), "site_dir": str(site), "site_name": "accel", "site_description": "Sum.", "nav": []}
+    docs_hooks.on_config(config)
+    home, tour = _fake_page("index.md", "Home"), _fake_page("tour.md", "Tour")
+    html_tour = docs_hooks.on_page_markdown((docs / "tour.md").read_text(), tour, config, None)
+    html_home = docs_hooks.on_page_markdown((docs / "index.md").read_text(), home, config, None)
+    assert '!!! note ci-examples "Examples run in CI"' in html_tour and "ci-examples" not in html_home
+    guide = types.SimpleNamespace(title="Guide", children=[tour], is_page=False)
+    docs_hooks.on_nav(types.SimpleNamespace(items=[home, guide]), config, None)
+    site.mkdir()
+    for page in ("index.html", "tour.html"):
+        (site / page).write_text("<html></html>")
+    docs_hooks.on_post_build(config)
+    twin = (site / "tour.md").read_text()
+    assert twin.startswith("# Tour\n\n> **Examples run in CI.** The runnable example on this page runs in CI")
+    assert "accel 1.0, torch 2.0" in twin
+    listed = (site / "llms.txt").read_text()
+    assert "## Start\n\n- [Home](index.md): The start.\n" in listed
+    assert "## Guide\n\n- [Tour](tour.md): Runs a loop.\n" in listed
+    assert check_site.check_tool_files(site) == []
+    (site / "extra.html").write_text("<html></html>")
+    assert check_site.check_tool_files(site) == [
+        "extra.html: no Markdown twin extra.md",
+        "extra.html: llms.txt does not list its twin extra.md",
+        "extra.html: llms-full.txt does not hold its twin extra.md",
+    ]
+    (site / "llms.txt").unlink()
+    assert "no llms.txt at the site's root" in check_site.check_tool_files(site, ["index.html"])
+    assert check_site.check_examples_notes(site, [docs / "tour.md"]) == [
+        "tour.html: 1 examples run in CI, but the page does not say so"
+    ]
+    (site / "tour.html").write_text('<div class="admonition note ci-examples">x</div>')
+    assert check_site.check_examples_notes(site, [docs / "tour.md", docs / "index.md"]) == []
+
+
+def test_site_check_wants_search_that_loads_from_disk(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "search").mkdir()
+    (tmp_path / "javascripts").mkdir()
+    (tmp_path / check_site.WORKER_SHIM).write_text("// shim")
+    page = f'<html><script src="{check_site.WORKER_SHIM}"></script></html>'
+    (tmp_path / "index.html").write_text(page)
+    (tmp_path / "404.html").write_text("<html></html>")
+    assert check_site.check_offline_search(tmp_path) == [
+        "no search/search_index.js: search cannot load from file:// (is the offline plugin on?)"
+    ]
+    (tmp_path / "search" / "search_index.js").write_text('var __index = {"docs": []}')
+    assert check_site.check_offline_search(tmp_path) == []
+    remote = '<script src="https://unpkg.com/iframe-worker/shim"></script></html>'
+    (tmp_path / "index.html").write_text(page.replace("</html>", remote))
+    (tmp_path / "other.html").write_text("<html></html>")
+    assert check_site.check_offline_search(tmp_path) == [
+        "index.html loads a script from the network (https://unpkg.com/iframe-worker/shim); a copy opened offline cannot",
+        f"other.html does not load {check_site.WORKER_SHIM} (mkdocs.yml extra.polyfills)",
+    ]
+
+
+SEARCH_PAGE = """<html><body><input class="md-search__input"><div class="md-search-result__meta">Type</div><ol></ol>
+<script>
+document.querySelector("input").addEventListener("keyup", (event) => {
+  if (event.target.value === "WANTED") {
+    document.querySelector("ol").innerHTML = '<li class="md-search-result__item">hit</li>';
+  } else {
+    document.querySelector(".md-search-result__meta").textContent = "No matching documents";
+  }
+});
+</script></body></html>"""
+
+
+def test_browser_search_check_types_and_reads_results(tmp_path: pathlib.Path) -> None:
+    browser = check_browser.find_browser()
+    if browser is None:
+        pytest.skip("no chromium installed (apt-get install -y chromium)")
+    (tmp_path / "index.html").write_text(SEARCH_PAGE.replace("WANTED", "checkpoint"))
+    (tmp_path / "never.html").write_text(SEARCH_PAGE)
+    assert check_browser.check_search(browser, (tmp_path / "index.html").as_uri()) == (1, [])
+    with check_browser.serve(tmp_path) as base:
+        assert check_browser.check_search(browser, base + "index.html") == (1, [])
+        count, problems = check_browser.check_search(browser, base + "never.html", seconds=3)
+    assert count == 0 and "typing 'checkpoint' into search listed no result" in problems[0]
+    assert "the search panel says 'No matching documents'" in problems[0]
+    with tempfile.TemporaryDirectory() as profile:
+        with devtools_pipe.Browser([browser, *check_browser.FLAGS, f"--user-data-dir={profile}"]) as tab:
+            with pytest.raises(devtools_pipe.DevToolsError, match="No.such"):
+                tab.send("No.such")
