@@ -280,13 +280,14 @@ def override_numa_affinity(local_process_index: int, verbose: bool | None = None
     import math
 
     from accel_state import imports
+    from accel_state.install_hints import install_hint
 
     if not (imports.is_cuda_available() and hasattr(os, "sched_setaffinity")):
         return
     if not imports.is_pynvml_available():
         raise ImportError(
             "override_numa_affinity: to set the CPU affinity on CUDA GPUs the `pynvml` package must be "
-            "available (`pip install pynvml`), to read which CPUs are near each GPU."
+            f"available (`{install_hint('pynvml')}`), to read which CPUs are near each GPU."
         )
     import pynvml  # type: ignore[import-not-found]
 

@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from accel_state.install_hints import install_hint
 from accel_tracking.values import normalize_config, normalize_values, to_python
 
 logger = logging.getLogger(__name__)
@@ -249,7 +250,7 @@ def require_installed(tracker: BackendTracker) -> None:
     if not is_backend_available(tracker.extra):
         raise ImportError(
             f"The {tracker.name} tracker needs the `{tracker.library or tracker.extra}` library, which is not "
-            f'installed: pip install "accel-tracking[{tracker.extra}]"'
+            f"installed: {install_hint('accel-tracking', tracker.extra)}"
         )
 
 

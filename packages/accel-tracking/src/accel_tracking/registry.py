@@ -8,6 +8,7 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
+from accel_state.install_hints import install_hint
 from accel_tracking.general import GeneralTracker, is_backend_available
 from accel_tracking.logger_type import LoggerType
 from accel_tracking.trackers.aim import AimTracker
@@ -174,5 +175,5 @@ def _check_installed(name: str) -> None:
     extra = getattr(LOGGER_TYPE_TO_CLASS[name], "extra", "")
     if extra and not is_backend_available(extra):
         raise ImportError(
-            f'log_with asks for {name!r}, whose library is not installed: pip install "accel-tracking[{extra}]"'
+            f"log_with asks for {name!r}, whose library is not installed: {install_hint('accel-tracking', extra)}"
         )

@@ -23,6 +23,7 @@ import torch
 from accel_data.config import DataLoaderConfiguration
 from accel_state import env_vars
 from accel_state.enums import PrecisionType, RNGType
+from accel_state.install_hints import install_hint
 from accel_state.kwargs import InitProcessGroupKwargs, KwargsHandler
 from accel_state.state import GradientState
 from accel_train import connector
@@ -614,7 +615,7 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         from accel_state.imports import is_lomo_available
 
         if not is_lomo_available():
-            raise ImportError("lomo_backward needs the LOMO optimizers: pip install lomo-optim")
+            raise ImportError(f"lomo_backward needs the LOMO optimizers: {install_hint('lomo-optim')}")
         from lomo_optim import AdaLomo, Lomo
 
         found = False

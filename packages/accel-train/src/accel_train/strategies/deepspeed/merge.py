@@ -13,6 +13,8 @@ import os
 import re
 from typing import Any
 
+from accel_state.install_hints import install_hint
+
 __all__ = ["deepspeed_engine_dir", "read_deepspeed_weights"]
 
 _MODEL_STATES_RE = re.compile(r"^(?:mp_rank_\d+|(?:bf16_)?zero_pp_rank_\d+_mp_rank_\d+)_model_states\.pt$")
@@ -64,7 +66,8 @@ def read_deepspeed_weights(engine_dir: str) -> dict[str, Any]:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     except ImportError as error:
         raise ImportError(
-            f'{engine_dir} is a DeepSpeed checkpoint; merging it needs DeepSpeed: pip install "accel-train[deepspeed]"'
+            f"{engine_dir} is a DeepSpeed checkpoint; merging it needs DeepSpeed: "
+            f"{install_hint('accel-train', 'deepspeed')}"
         ) from error
     parent, tag = os.path.split(os.path.normpath(os.path.abspath(engine_dir)))
     with contextlib.redirect_stdout(io.StringIO()):  # it prints every parameter

@@ -19,6 +19,7 @@ import importlib.metadata
 from dataclasses import dataclass
 from typing import Any
 
+from accel_state.install_hints import install_hint
 from accel_train.plugin_env import env_value
 
 __all__ = [
@@ -200,13 +201,13 @@ def _require_ulysses() -> None:
     if Version(have) < Version(MIN_DEEPSPEED):
         raise ImportError(
             f"DeepSpeed ALST/Ulysses sequence parallelism needs deepspeed>={MIN_DEEPSPEED}, found {have}: "
-            'pip install -U "deepspeed>=0.18.2"'
+            f"{install_hint(f'deepspeed>={MIN_DEEPSPEED}')}"
         )
     try:
         importlib.metadata.version("transformers")
     except importlib.metadata.PackageNotFoundError:
         raise ImportError(
-            "DeepSpeed ALST/Ulysses sequence parallelism wraps transformers' attention: pip install transformers"
+            f"DeepSpeed ALST/Ulysses sequence parallelism wraps transformers' attention: {install_hint('transformers')}"
         ) from None
 
 

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import torch
 
 from accel_state.imports import is_deepspeed_available
+from accel_state.install_hints import install_hint
 from accel_train.optimizer import AcceleratedOptimizer
 from accel_train.scheduler import AcceleratedScheduler
 from accel_train.strategies.deepspeed.config import get_value, load_config
@@ -33,7 +34,7 @@ __all__ = [
     "map_pytorch_optim_to_deepspeed",
 ]
 
-_INSTALL = 'DeepSpeed is not installed; install the extra: pip install "accel-train[deepspeed]"'
+_INSTALL = f"DeepSpeed is not installed; install the extra: {install_hint('accel-train', 'deepspeed')}"
 
 F = TypeVar("F", bound=Callable[..., Any])
 

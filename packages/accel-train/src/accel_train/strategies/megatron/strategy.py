@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from accel_state.install_hints import install_hint
 from accel_train.parallel_plugins import BackendNotAvailableError
 from accel_train.precisions.base import Precision
 from accel_train.strategies.base import CheckpointEntry, ParallelDims, Prepared, Strategy
@@ -178,7 +179,7 @@ class MegatronLMStrategy(Strategy):
         """
         if not megatron_core_available():
             raise BackendNotAvailableError(
-                "Megatron-LM training needs megatron-core: pip install 'accel-train[megatron]' (megatron-core 0.16)"
+                f"Megatron-LM training needs megatron-core 0.16: {install_hint('accel-train', 'megatron')}"
             )
         if not torch.cuda.is_available():
             raise MegatronCUDARequiredError(

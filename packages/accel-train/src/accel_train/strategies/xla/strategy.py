@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from accel_state.install_hints import install_hint
 from accel_train.optimizer import AcceleratedOptimizer
 from accel_train.parallel_plugins import BackendNotAvailableError
 from accel_train.strategies.base import Prepared, Strategy
@@ -44,8 +45,8 @@ def xla_model() -> Any:
     """
     if not torch_xla_available():
         raise BackendNotAvailableError(
-            "XLA / TPU training needs torch_xla (pip install 'accel-train[xla]' on a TPU VM, with the torch_xla "
-            "release matching torch); it is not installed here"
+            "XLA / TPU training needs torch_xla, which is not installed here; on a TPU VM, with the torch_xla "
+            f"release matching torch: {install_hint('accel-train', 'xla')}"
         )
     return importlib.import_module("torch_xla.core.xla_model")
 
