@@ -66,6 +66,21 @@ def test_missing_library_names_the_extra(tmp_path, monkeypatch: pytest.MonkeyPat
     assert install_hint("accel-bigmodel", "transformers") in str(info.value)
 
 
+@pytest.mark.parametrize("name", ["missing/config.json", "missing_folder", "./missing.json"])
+def test_a_missing_path_is_said_not_to_exist(tmp_path, capsys: pytest.CaptureFixture[str], name: str) -> None:  # type: ignore[no-untyped-def]
+    path = name if name.startswith(".") else str(tmp_path / name)
+    assert command.main([path]) == 1
+    err = capsys.readouterr().err
+    assert f"{path!r} does not exist" in err and "has no config.json" not in err and "Hub (" not in err
+    with pytest.raises(ValueError, match="does not exist"):
+        create_empty_model(path, library_name="transformers")
+
+
+def test_an_existing_folder_without_config_json_says_so(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    assert command.main([str(tmp_path)]) == 1
+    assert f"{str(tmp_path)!r} has no config.json" in capsys.readouterr().err
+
+
 def test_add_parser_registers_estimate_memory() -> None:
     import argparse
 

@@ -126,6 +126,11 @@ def create_empty_model(
             raise ValueError(f"Cannot import the model factory {model_name!r}: {err}.") from None
         with init_empty_weights():
             return factory()
+    if _names_a_local_path(model_name) and not os.path.exists(model_name):
+        raise ValueError(
+            f"{model_name!r} does not exist: pass an existing config.json or a folder holding one, a Hub id "
+            "or a timm model name."
+        )
     if library_name is None:
         library_name = _guess_library(model_name, access_token)
     if library_name == "transformers":
@@ -133,6 +138,12 @@ def create_empty_model(
     if library_name == "timm":
         return _timm_model(model_name)
     raise ValueError(f"library_name {library_name!r} is not supported: use 'transformers' or 'timm'.")
+
+
+def _names_a_local_path(model_name: str) -> bool:
+    """Whether ``model_name`` can only be a path: a ``.json`` file, or a name no Hub id or timm name takes
+    (absolute, or starting with ``.`` or ``~``)."""
+    return model_name.endswith(".json") or os.path.isabs(model_name) or model_name.startswith((".", "~"))
 
 
 def _guess_library(model_name: str, access_token: str | None) -> str:
