@@ -104,6 +104,7 @@ _export(
     "ParallelismConfig",
     "TorchTensorParallelConfig",
     "TorchContextParallelConfig",
+    "PipelineParallelConfig",
     "DeepSpeedSequenceParallelConfig",
     "BackendNotAvailableError",
 )
