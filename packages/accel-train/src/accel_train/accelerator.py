@@ -50,7 +50,20 @@ if TYPE_CHECKING:
 
 __all__ = ["Accelerator", "DataLoaderConfiguration"]
 
-_UNSET: Any = object()
+
+class _FromDataLoaderConfig:
+    """The default of ``Accelerator(split_batches=...)``: not given, so ``dataloader_config`` decides.
+
+    A named object rather than ``None``, so that an explicit value of any kind still overrides the
+    configuration; its name is what signatures, ``help()`` and the API reference show.
+    """
+
+    def __repr__(self) -> str:
+        return "FROM_DATALOADER_CONFIG"
+
+
+#: ``split_batches`` was not given: keep ``dataloader_config.split_batches`` (`False` by default).
+FROM_DATALOADER_CONFIG: Any = _FromDataLoaderConfig()
 
 
 def _prepared_loader_types() -> tuple[type, ...]:
@@ -84,7 +97,8 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
     Args:
         device_placement: move prepared models and batches to the run's device (default `True`).
         split_batches: split each batch of the data loaders across processes instead of giving each
-            process its own batch; when unset, the value of ``dataloader_config`` is kept.
+            process its own batch. The default, ``FROM_DATALOADER_CONFIG``, keeps the value of
+            ``dataloader_config`` (`False` unless that says otherwise); `True` or `False` overrides it.
         mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``; `None` takes the launch configuration.
         gradient_accumulation_steps: number of steps to accumulate gradients over before the
             optimizer steps (default `1`); used with :meth:`accumulate`.
@@ -128,7 +142,7 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
     def __init__(
         self,
         device_placement: bool = True,
-        split_batches: bool = _UNSET,
+        split_batches: bool = FROM_DATALOADER_CONFIG,
         mixed_precision: PrecisionType | str | None = None,
         gradient_accumulation_steps: int = 1,
         cpu: bool = False,
@@ -206,7 +220,7 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         # Data loaders.
         if dataloader_config is None:
             dataloader_config = DataLoaderConfiguration()
-        if split_batches is not _UNSET:
+        if split_batches is not FROM_DATALOADER_CONFIG:
             dataloader_config.split_batches = split_batches
         self.dataloader_config = dataloader_config
 
