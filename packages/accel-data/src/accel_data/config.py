@@ -34,7 +34,7 @@ class DataLoaderConfiguration:
             yes for iterable datasets, no for map-style ones.
         even_batches: complete the last round with samples from the start so that every process gets
             the same number of batches (``gather_for_metrics`` drops the duplicates again).
-        use_seedable_sampler: replace a ``RandomSampler`` by a :class:`SeedableRandomSampler`, whose order
+        use_seedable_sampler: replace a ``RandomSampler`` by a `SeedableRandomSampler`, whose order
             depends only on the seed and the epoch (reproducible and resumable).
         data_seed: seed of that sampler (default: torch's initial seed, as set by ``set_seed``).
         non_blocking: move batches to the device with ``non_blocking=True`` (useful with ``pin_memory``).

@@ -4,7 +4,7 @@ The accel distributions are not on the public package index: asking pip for ``ac
 by name fails, and plain ``accel`` from the index is an unrelated project. They install from a clone of the
 repository, by folder, with the repository's constraints file, exactly as the top-level README shows.
 A third-party package (``lomo-optim``, ``tqdm``) is on the index and installs with a plain
-``pip install``. :func:`install_hint` gives the form that works for each, so every message says it
+``pip install``. `install_hint()` gives the form that works for each, so every message says it
 the same way and none can drift back to an index name that does not exist.
 
 Nothing here imports more than the standard library: the CLI and import-light packages use it.

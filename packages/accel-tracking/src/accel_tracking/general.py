@@ -51,7 +51,7 @@ class GeneralTracker:
     property returning the backend's own run object. It implements ``store_init_configuration(values)``
     and ``log(values, step=None, **kwargs)`` and, when the backend needs it, ``start()`` (called once
     before the first use) and ``finish()``. ``main_process_only`` (default ``True``) says whether the
-    methods decorated with :func:`on_main_process` run on the main process only.
+    methods decorated with `on_main_process()` run on the main process only.
     """
 
     main_process_only: bool = True

@@ -36,7 +36,7 @@ LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
     "trackio": TrackioTracker,
     "jsonl": JSONLTracker,
 }
-"""Tracker name (``log_with="..."``) -> tracker class; :func:`register_tracker_class` adds to it."""
+"""Tracker name (``log_with="..."``) -> tracker class; `register_tracker_class()` adds to it."""
 
 
 def get_available_trackers() -> list[LoggerType]:
@@ -59,7 +59,7 @@ class NotATrackerClassError(TypeError, ValueError):
 def register_tracker_class(tracker_class: type[GeneralTracker]) -> type[GeneralTracker]:
     """Make a custom tracker usable by name in ``log_with`` (``Accelerator(log_with="my_tracker")``).
 
-    The class must subclass :class:`GeneralTracker` and define ``name`` and ``requires_logging_directory``.
+    The class must subclass `GeneralTracker` and define ``name`` and ``requires_logging_directory``.
     It is built as ``cls(project_name, logging_dir, **init_kwargs)`` when it requires a directory, else
     ``cls(project_name, **init_kwargs)``. Registering a name again replaces the earlier class (with a
     warning). Returns the class, so it can be used as a decorator.

@@ -116,7 +116,7 @@ def test_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 
 
 def test_command(args: argparse.Namespace) -> int:
-    """Run the self-test for parsed arguments (the documented name of :func:`run`)."""
+    """Run the self-test for parsed arguments (the documented name of `run()`)."""
     return run(args)
 
 

@@ -2,7 +2,7 @@
 
 DeepSpeed's own reader (``deepspeed.utils.zero_to_fp32``) joins the fp32 partitions of every process and
 reads its files with ``torch.load(weights_only=False)``: every ``.pt`` file of the engine's folder is
-checked with accel's allow-list (:class:`~.checkpoint.DeepSpeedCheckpointIO`) before it runs.
+checked with accel's allow-list (`DeepSpeedCheckpointIO`) before it runs.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def read_deepspeed_weights(engine_dir: str) -> dict[str, Any]:
     """Every weight of the DeepSpeed checkpoint in ``engine_dir`` as one full fp32 state dict.
 
     Args:
-        engine_dir: the engine's checkpoint folder (from :func:`deepspeed_engine_dir`).
+        engine_dir: the engine's checkpoint folder (from `deepspeed_engine_dir()`).
 
     Raises:
         UnsafeCheckpointError: a file of the folder names a global outside the allow-list (nothing was read).

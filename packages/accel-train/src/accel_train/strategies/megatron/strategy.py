@@ -89,7 +89,7 @@ class MegatronLMStrategy(Strategy):
     def validate(cls, state: Any, precision_cls: Any, mode: str) -> None:
         """Refuse what cannot run, by name.
 
-        A missing megatron-core or CUDA is refused at ``prepare`` (:meth:`require_backend`), so that the
+        A missing megatron-core or CUDA is refused at ``prepare`` (`require_backend()`), so that the
         configuration is still checked and data loaders prepared on a machine without them.
 
         Raises:
