@@ -1,7 +1,8 @@
 """Two processes, one answer: a tour of accel-state's collectives.
 
-Run with ``python -m torch.distributed.run --nproc_per_node 2 examples/collectives_demo.py``
-(or ``nox -s demo``). Every line printed comes from the main process, after the processes agree.
+Run with ``python -m torch.distributed.run --nproc_per_node 2 examples/collectives_demo.py``;
+``nox -s integration`` runs it too (``integration_tests/test_state_collectives_demo.py``). Every line
+printed comes from the main process, after the processes agree.
 """
 
 from __future__ import annotations

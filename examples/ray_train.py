@@ -76,7 +76,8 @@ def train_func(config: dict[str, Any]) -> None:
     kill = [int(x) for x in config["kill_at"].split(":")] if config.get("kill_at") else None
     marker = os.path.join(out, "killed_once")
 
-    for epoch in range(progress.epoch, EPOCHS):
+    start_epoch = progress.epoch
+    for epoch in range(start_epoch, EPOCHS):
         for batch, (inputs, targets) in enumerate(loader):
             if kill == [epoch, batch, rank] and not os.path.exists(marker):
                 open(marker, "w").close()
@@ -93,8 +94,13 @@ def train_func(config: dict[str, Any]) -> None:
         if config.get("ray"):
             report_checkpoint(accelerator, os.path.join(out, f"epoch_{epoch + 1}"), {"loss": loss.item()})
     weights = {k: v.detach().clone().contiguous() for k, v in accelerator.unwrap_model(model).state_dict().items()}
+    final = os.path.join(out, "final.safetensors")
     if accelerator.is_main_process:
-        save_file(weights, os.path.join(out, "final.safetensors"))
+        save_file(weights, final)
+    done = (
+        f"epochs {start_epoch + 1}-{EPOCHS}, last loss {loss.item():.4f}" if start_epoch < EPOCHS else "no epoch left"
+    )
+    accelerator.print(f"trained {done} on {accelerator.num_processes} process(es); final weights in {final}")
     accelerator.end_training()
 
 

@@ -12,9 +12,10 @@ import pytest
 from conftest import accel_command, run_command
 
 from accel_state.imports import is_deepspeed_available
+from accel_state.install_hints import install_hint
 
 pytestmark = pytest.mark.skipif(
-    not is_deepspeed_available(), reason='needs DeepSpeed: pip install "accel-train[deepspeed]"'
+    not is_deepspeed_available(), reason=f"needs DeepSpeed: {install_hint('accel-train', 'deepspeed')}"
 )
 
 SCRIPT = textwrap.dedent(

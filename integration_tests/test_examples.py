@@ -84,3 +84,18 @@ def test_preemptible_training_survives_a_killed_worker(tmp_path: pathlib.Path) -
     assert killed.returncode == 0, text[-4000:]
     assert "resumed at epoch 1, step 20" in text
     assert _checksum(text) == _checksum(straight.stdout + straight.stderr)
+
+
+def test_ray_example_without_ray_says_what_it_did(tmp_path: pathlib.Path) -> None:
+    """``--plain`` (the script under ``accel launch``, no Ray) trains and says so, once, from the main process."""
+    launch = [*accel_command(), "launch", "--cpu", "--num_processes", "2"]
+    out = tmp_path / "plain"
+    result = run_command([*launch, str(EXAMPLES / "ray_train.py"), "--plain", "--out", str(out)], timeout=300)
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-4000:]
+    final = out / "final.safetensors"
+    assert final.is_file()
+    lines = re.findall(
+        r"^trained epochs 1-4, last loss [0-9.]+ on 2 process\(es\); final weights in (.+)$", result.stdout, re.M
+    )
+    assert lines == [str(final)], result.stdout

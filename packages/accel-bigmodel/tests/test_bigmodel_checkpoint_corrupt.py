@@ -9,7 +9,6 @@ model changes. A well-formed pickle asking for ``os.system`` stays an ``UnsafeCh
 from __future__ import annotations
 
 import json
-import zipfile
 from pathlib import Path
 
 import kill_sharded_save  # builds the test network, beside this file
@@ -24,6 +23,7 @@ from accel_bigmodel.offload import offload_weight
 from accel_bigmodel.sharding import save_sharded
 from accel_bigmodel.tensor_io import CheckpointError
 from accel_state.errors import UnsafeCheckpointError
+from accel_state.testing import pickle_record_span
 
 
 def _net(seed: int = 0) -> nn.Module:
@@ -35,16 +35,6 @@ def _assert_unchanged(model: nn.Module, before: dict[str, torch.Tensor]) -> None
     assert set(now) == set(before)
     for name, value in before.items():
         assert torch.equal(now[name], value), f"{name} changed"
-
-
-def _pickle_span(path: Path) -> tuple[int, int]:
-    """Where the bytes of the ``data.pkl`` record of a ``torch.save`` zip lie: ``(start, length)``."""
-    with zipfile.ZipFile(path) as archive:
-        info = next(i for i in archive.infolist() if i.filename.endswith("/data.pkl"))
-    with open(path, "rb") as handle:
-        handle.seek(info.header_offset + 26)
-        name_len, extra_len = int.from_bytes(handle.read(2), "little"), int.from_bytes(handle.read(2), "little")
-    return info.header_offset + 30 + name_len + extra_len, info.compress_size
 
 
 def _garble(path: Path, start: int, count: int) -> None:
@@ -123,7 +113,7 @@ def test_garbled_pickle_in_bin_is_corrupt_not_unsafe(tmp_path: Path) -> None:
     attack; the record's CRC-32 shows it is damage."""
     path = tmp_path / "pytorch_model.bin"
     torch.save(_net(1).state_dict(), path)
-    start, length = _pickle_span(path)
+    start, length = pickle_record_span(path)
     _garble(path, start + length // 3, 100)
     error = _expect_corrupt(_net(0), tmp_path, path)
     assert "CRC-32" in error.expected and "data.pkl" in error.expected
@@ -137,7 +127,7 @@ def test_invalid_opcode_without_crc_is_corrupt(tmp_path: Path) -> None:
         torch.save(_net(1).state_dict(), path)
     finally:
         torch.serialization.set_crc32_options(True)
-    start, _ = _pickle_span(path)
+    start, _ = pickle_record_span(path)
     data = bytearray(path.read_bytes())
     data[start + 2] = ord("x")  # right after PROTO: opcode 120 does not exist
     path.write_bytes(bytes(data))

@@ -12,6 +12,7 @@ from accel_bigmodel.commands import estimate as command
 from accel_bigmodel.empty import init_empty_weights
 from accel_bigmodel.estimate import convert_bytes, create_empty_model, estimate_memory, format_table
 from accel_bigmodel.progress import progress
+from accel_state.install_hints import install_hint
 
 
 def build_net() -> Net:
@@ -55,14 +56,29 @@ def test_cli_errors_are_clear(capsys: pytest.CaptureFixture[str]) -> None:
         command.main(["x", "--dtypes", "float64"])
 
 
-def test_missing_library_names_the_extra(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from accel_state.imports import is_transformers_available
+def test_missing_library_names_the_extra(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    import accel_state.imports
 
-    if is_transformers_available():
-        pytest.skip("transformers is installed")
+    monkeypatch.setattr(accel_state.imports, "is_transformers_available", lambda: False)
     (tmp_path / "config.json").write_text('{"model_type": "bert"}')
-    with pytest.raises(ImportError, match=r"accel-bigmodel\[transformers\]"):
+    with pytest.raises(ImportError) as info:
         create_empty_model(str(tmp_path))
+    assert install_hint("accel-bigmodel", "transformers") in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["missing/config.json", "missing_folder", "./missing.json"])
+def test_a_missing_path_is_said_not_to_exist(tmp_path, capsys: pytest.CaptureFixture[str], name: str) -> None:  # type: ignore[no-untyped-def]
+    path = name if name.startswith(".") else str(tmp_path / name)
+    assert command.main([path]) == 1
+    err = capsys.readouterr().err
+    assert f"{path!r} does not exist" in err and "has no config.json" not in err and "Hub (" not in err
+    with pytest.raises(ValueError, match="does not exist"):
+        create_empty_model(path, library_name="transformers")
+
+
+def test_an_existing_folder_without_config_json_says_so(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    assert command.main([str(tmp_path)]) == 1
+    assert f"{str(tmp_path)!r} has no config.json" in capsys.readouterr().err
 
 
 def test_add_parser_registers_estimate_memory() -> None:

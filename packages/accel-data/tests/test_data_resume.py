@@ -10,10 +10,11 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from accel_data.data_loader import prepare_data_loader, skip_first_batches
 from accel_state.imports import is_torchdata_stateful_dataloader_available
+from accel_state.install_hints import install_hint
 
 requires_torchdata = pytest.mark.skipif(
     not is_torchdata_stateful_dataloader_available(),
-    reason='needs torchdata>=0.8 (pip install "accel-data[torchdata]")',
+    reason=f"needs torchdata>=0.8: {install_hint('accel-data', 'torchdata')}",
 )
 
 EPOCHS = 3

@@ -16,8 +16,28 @@ def test_env_lists_every_accel_distribution_including_the_launcher() -> None:
     shown = run_cli(["env"])
     assert shown.returncode == 0, shown.stderr
     assert "- accel-launch version: " + importlib.metadata.version("accel-launch") in shown.stdout
-    for name in DISTRIBUTIONS:
+    for name in DISTRIBUTIONS[1:]:
         assert f"- {name} version: " in shown.stdout, name
+
+
+def test_env_gives_the_meta_package_version_once_in_the_first_line() -> None:
+    shown = run_cli(["env"])
+    assert shown.returncode == 0, shown.stderr
+    lines = [line for line in shown.stdout.splitlines() if line.startswith("- ")]
+    assert lines[0].startswith("- `accel` version: ")  # the documented first line
+    assert not any(line.startswith("- accel version:") for line in lines)  # not a second time below
+    assert len([line for line in lines if " version: " in line and "accel" in line.split(" version")[0]]) == 8
+
+
+def test_env_without_the_meta_package_says_whose_version_heads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accel_launch.commands import env
+
+    real = env._version
+    monkeypatch.setattr(env, "_version", lambda name: "not installed" if name == "accel" else real(name))
+    info = env.environment_info()
+    headline = info["`accel` version"]
+    assert headline.startswith(real("accel-launch")) and "meta-package is not installed" in headline
+    assert "accel version" not in info
 
 
 def test_version_names_the_installed_distributions_not_only_the_launcher() -> None:

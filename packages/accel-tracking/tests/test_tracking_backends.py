@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 
+from accel_state.install_hints import install_hint
 from accel_tracking import (
     AimTracker,
     ClearMLTracker,
@@ -52,7 +53,7 @@ def image() -> Any:
 
 def needs(extra: str) -> None:
     if not is_backend_available(extra):
-        pytest.skip(f'{extra} is not installed (pip install "accel-tracking[{extra}]"; nox -s trackers runs it)')
+        pytest.skip(f"{extra} is not installed (nox -s trackers runs it): {install_hint('accel-tracking', extra)}")
 
 
 def drive(tracker: BackendTracker) -> Any:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from accel_state.install_hints import install_hint
 from accel_tracking.general import is_backend_available
 
 
@@ -72,7 +73,7 @@ def test_two_ranks_write_one_jsonl_run(dist_pool, tmp_path) -> None:
 @pytest.mark.trackers
 def test_two_ranks_write_one_tensorboard_run(dist_pool, tmp_path) -> None:
     if not is_backend_available("tensorboard"):
-        pytest.skip('tensorboard is not installed (pip install "accel-tracking[tensorboard]")')
+        pytest.skip(f"tensorboard is not installed: {install_hint('accel-tracking', 'tensorboard')}")
     from tensorboard.backend.event_processing import plugin_event_accumulator
     from tensorboard.util import tensor_util
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import zipfile
 
 import pytest
 import torch
 
 from accel_state.errors import CorruptCheckpointError, UnsafeCheckpointError
-from accel_state.testing import reset_shared_state
+from accel_state.testing import pickle_record_span, reset_shared_state
 
 
 class Exploit:
@@ -90,16 +89,6 @@ def _garble(path: str, start: int, count: int) -> None:
         handle.write(data)
 
 
-def _pickle_start(path: str) -> tuple[int, int]:
-    """``(start, length)`` of the ``data.pkl`` record's bytes in a ``torch.save`` zip."""
-    with zipfile.ZipFile(path) as archive:
-        info = next(i for i in archive.infolist() if i.filename.endswith("/data.pkl"))
-    with open(path, "rb") as handle:
-        handle.seek(info.header_offset + 26)
-        name_len, extra_len = int.from_bytes(handle.read(2), "little"), int.from_bytes(handle.read(2), "little")
-    return info.header_offset + 30 + name_len + extra_len, info.compress_size
-
-
 def _safetensors_header_end(path: str) -> int:
     with open(path, "rb") as handle:
         return 8 + int.from_bytes(handle.read(8), "little")
@@ -121,7 +110,7 @@ def _damage(folder: str, kind: str) -> str:
     elif kind in ("model_data_short", "rng_data_short"):  # the header whole, the tensors cut short
         _truncate(path, (_safetensors_header_end(path) + size) // 2)
     elif kind == "optimizer_pickle_garbled":  # 100 bytes inside the pickle record
-        start, length = _pickle_start(path)
+        start, length = pickle_record_span(path)
         _garble(path, start + max(0, length // 2 - 50), 100)
     elif kind == "manifest_not_json":
         with open(path, "r+b") as handle:
@@ -175,7 +164,7 @@ def test_garbled_pickle_without_crc_is_corrupt(saved) -> None:
         torch.save(state, path)
     finally:
         torch.serialization.set_crc32_options(True)
-    start, _ = _pickle_start(path)
+    start, _ = pickle_record_span(path)
     with open(path, "r+b") as handle:
         handle.seek(start + 2)  # right after PROTO
         handle.write(b"x")  # opcode 120 does not exist

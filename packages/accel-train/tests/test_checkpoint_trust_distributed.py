@@ -18,6 +18,7 @@ from fsdp_helpers import BlockNet, crafted_torch_file, replace_dcp_item
 from train_helpers import regression_dataset, train_epoch
 
 from accel_state.imports import is_deepspeed_available
+from accel_state.install_hints import install_hint
 from accel_state.testing import reset_shared_state
 
 pytestmark = pytest.mark.slow
@@ -278,7 +279,7 @@ def rank_deepspeed_crafted(stage: int, folder: str, craft: str, marker: str) -> 
     return {"error": error, "unchanged": unchanged, "ran": os.path.exists(marker)}
 
 
-@pytest.mark.skipif(not is_deepspeed_available(), reason='needs DeepSpeed: pip install "accel-train[deepspeed]"')
+@pytest.mark.skipif(not is_deepspeed_available(), reason=f"needs DeepSpeed: {install_hint('accel-train', 'deepspeed')}")
 @pytest.mark.parametrize(("stage", "craft"), [(2, "model_states"), (2, "optim_states"), (3, "optim_states")])
 def test_deepspeed_crafted_engine_file_runs_nothing(pools, tmp_path, stage: int, craft: str) -> None:
     marker = str(tmp_path / "marker")

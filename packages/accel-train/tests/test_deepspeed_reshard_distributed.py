@@ -19,11 +19,14 @@ import torch
 from train_helpers import regression_dataset, train_epoch
 
 from accel_state.imports import is_deepspeed_available
+from accel_state.install_hints import install_hint
 from accel_state.testing import reset_shared_state
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not is_deepspeed_available(), reason='needs DeepSpeed: pip install "accel-train[deepspeed]"'),
+    pytest.mark.skipif(
+        not is_deepspeed_available(), reason=f"needs DeepSpeed: {install_hint('accel-train', 'deepspeed')}"
+    ),
 ]
 
 GLOBAL_BATCH = 8

@@ -421,3 +421,19 @@ def test_gradient_accumulation_steps_from_environment(monkeypatch: pytest.Monkey
 def test_mixed_precision_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
     assert Accelerator(cpu=True).mixed_precision == "bf16"
+
+
+def test_split_batches_default_reads_as_what_it_does_and_keeps_the_loader_config() -> None:
+    import inspect
+
+    from accel_data.config import DataLoaderConfiguration
+
+    default = inspect.signature(Accelerator).parameters["split_batches"].default
+    assert repr(default) == "FROM_DATALOADER_CONFIG"  # what help() and the API reference show, not `_UNSET`
+    assert Accelerator(cpu=True).split_batches is False
+    kept = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(split_batches=True))
+    assert kept.split_batches is True
+    overridden = Accelerator(
+        cpu=True, split_batches=False, dataloader_config=DataLoaderConfiguration(split_batches=True)
+    )
+    assert overridden.split_batches is False

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from accel_state.imports import is_deepspeed_available
+from accel_state.install_hints import install_hint
 from accel_train import deepspeed_config as dsc
 from accel_train.deepspeed_plugin import DeepSpeedPlugin
 from accel_train.deepspeed_utils import (
@@ -374,7 +375,9 @@ def test_deepspeed_missing_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> N
     def needs_it() -> int:
         return 1
 
-    with pytest.raises(ImportError, match=r'needs_it needs DeepSpeed.*pip install "accel-train\[deepspeed\]"'):
+    with pytest.raises(
+        ImportError, match=r'needs_it needs DeepSpeed.*-c tools/constraints.txt "\./packages/accel-train\[deepspeed\]"'
+    ):
         needs_it()
     from accel_train import Accelerator
 
@@ -387,7 +390,7 @@ def test_active_plugin_needs_deepspeed() -> None:
         get_active_deepspeed_plugin(SimpleNamespace(distributed_type="NO", deepspeed_plugins=None))
 
 
-@pytest.mark.skipif(not is_deepspeed_available(), reason='needs DeepSpeed: pip install "accel-train[deepspeed]"')
+@pytest.mark.skipif(not is_deepspeed_available(), reason=f"needs DeepSpeed: {install_hint('accel-train', 'deepspeed')}")
 def test_accelerator_takes_mixed_precision_from_the_config() -> None:
     from accel_train import Accelerator
 

@@ -15,10 +15,13 @@ import torch
 from train_helpers import regression_dataset
 
 from accel_state.imports import is_deepspeed_available
+from accel_state.install_hints import install_hint
 from accel_state.testing import DistributedPool, reset_shared_state
 
 pytestmark = [
-    pytest.mark.skipif(not is_deepspeed_available(), reason='needs DeepSpeed: pip install "accel-train[deepspeed]"'),
+    pytest.mark.skipif(
+        not is_deepspeed_available(), reason=f"needs DeepSpeed: {install_hint('accel-train', 'deepspeed')}"
+    ),
     # A run that keeps working is only slow (building DeepSpeed's CPU Adam on a loaded machine took
     # 15 minutes); a hang is caught by the pool's idle limit below, so the per-test limit is only the
     # ceiling for a rank that spins.

@@ -11,10 +11,13 @@ import torch
 from train_helpers import fp8_mlp
 
 from accel_state.imports import is_deepspeed_available
+from accel_state.install_hints import install_hint
 from accel_state.testing import DistributedPool, reset_shared_state
 
 pytestmark = [
-    pytest.mark.skipif(not is_deepspeed_available(), reason='needs DeepSpeed: pip install "accel-train[deepspeed]"'),
+    pytest.mark.skipif(
+        not is_deepspeed_available(), reason=f"needs DeepSpeed: {install_hint('accel-train', 'deepspeed')}"
+    ),
     pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="needs torchao (accel-quant[torchao])"),
 ]
 

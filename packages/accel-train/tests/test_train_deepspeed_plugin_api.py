@@ -10,11 +10,12 @@ import logging
 import pytest
 
 from accel_state.imports import is_deepspeed_available
+from accel_state.install_hints import install_hint
 from accel_state.testing import reset_shared_state
 from accel_train.deepspeed_plugin import DeepSpeedPlugin
 
 needs_deepspeed = pytest.mark.skipif(
-    not is_deepspeed_available(), reason='needs DeepSpeed: pip install "accel-train[deepspeed]"'
+    not is_deepspeed_available(), reason=f"needs DeepSpeed: {install_hint('accel-train', 'deepspeed')}"
 )
 
 _LAUNCH_VARS = (

@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from accel_state.imports import is_deepspeed_available
+from accel_state.install_hints import install_hint
 from accel_state.testing import reset_shared_state
 from accel_train.strategies.deepspeed.sequence_parallel import DeepSpeedSequenceParallelConfig, check_model
 from accel_train.strategies.nd.config import ParallelismConfig
 
 needs_deepspeed = pytest.mark.skipif(
-    not is_deepspeed_available(), reason='needs DeepSpeed: pip install "accel-train[deepspeed]"'
+    not is_deepspeed_available(), reason=f"needs DeepSpeed: {install_hint('accel-train', 'deepspeed')}"
 )
 
 _VARS = (

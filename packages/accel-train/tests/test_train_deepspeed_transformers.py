@@ -18,11 +18,14 @@ import textwrap
 import pytest
 
 from accel_state.imports import is_deepspeed_available
+from accel_state.install_hints import install_hint
 from accel_state.testing import free_port
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers (nox -s clients)"),
-    pytest.mark.skipif(not is_deepspeed_available(), reason='needs DeepSpeed: pip install "accel-train[deepspeed]"'),
+    pytest.mark.skipif(
+        not is_deepspeed_available(), reason=f"needs DeepSpeed: {install_hint('accel-train', 'deepspeed')}"
+    ),
 ]
 
 _SCRIPT = textwrap.dedent(

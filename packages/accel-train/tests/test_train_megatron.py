@@ -265,3 +265,14 @@ def test_a_custom_step_keeps_the_name_of_the_step_it_subclasses() -> None:
         pass
 
     assert MyStep(None).name == "GPTTrainStep"
+
+
+def test_missing_megatron_core_names_the_repository_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accel_state.install_hints import install_hint
+    from accel_train.strategies.megatron import strategy
+
+    monkeypatch.setattr(strategy, "megatron_core_available", lambda: False)
+    with pytest.raises(BackendNotAvailableError) as info:
+        strategy.MegatronLMStrategy.require_backend()
+    assert install_hint("accel-train", "megatron") in str(info.value)
+    assert '"./packages/accel-train[megatron]"' in str(info.value)

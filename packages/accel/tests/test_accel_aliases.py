@@ -114,3 +114,18 @@ def test_the_sequence_parallel_config_is_where_the_documented_system_has_it() ->
 
     for place in (accel.utils, accel.utils.dataclasses, accel.parallelism_config):
         assert place.DeepSpeedSequenceParallelConfig is DeepSpeedSequenceParallelConfig, place
+
+
+def test_the_pipeline_config_is_exported_with_the_other_parallel_configs() -> None:
+    import accel.utils
+    import accel_train
+    from accel import _exports
+    from accel_train import parallel_plugins
+    from accel_train.strategies.pipeline import PipelineParallelConfig
+
+    assert accel.utils.PipelineParallelConfig is PipelineParallelConfig
+    assert accel_train.PipelineParallelConfig is PipelineParallelConfig
+    assert parallel_plugins.PipelineParallelConfig is PipelineParallelConfig
+    # where the API reference takes its entries from, beside TorchTensorParallelConfig
+    assert _exports.UTILS["PipelineParallelConfig"] == _exports.UTILS["TorchTensorParallelConfig"]
+    assert "PipelineParallelConfig" in accel.utils.__all__

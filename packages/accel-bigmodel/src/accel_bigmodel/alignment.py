@@ -13,7 +13,7 @@ from accel_bigmodel.tensors import set_module_tensor_to_device
 
 
 def has_offloaded_params(module: nn.Module) -> bool:
-    """Whether ``module`` has an :class:`AlignDevicesHook` that offloads its weights.
+    """Whether ``module`` has an `AlignDevicesHook` that offloads its weights.
 
     Args:
         module: The module.

@@ -1,8 +1,8 @@
 """Run models bigger than memory: dispatch across devices, offload to CPU or disk, load and dispatch.
 
-These functions combine planning (:mod:`accel_bigmodel.planning`), loading
-(:mod:`accel_bigmodel.loading`) and hooks (:mod:`accel_bigmodel.hooks`); offloaded weights are
-prefetched in the background (:mod:`accel_bigmodel.prefetch`).
+These functions combine planning (`accel_bigmodel.planning`), loading
+(`accel_bigmodel.loading`) and hooks (`accel_bigmodel.hooks`); offloaded weights are
+prefetched in the background (`accel_bigmodel.prefetch`).
 """
 
 from __future__ import annotations

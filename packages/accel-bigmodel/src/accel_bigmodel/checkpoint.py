@@ -1,9 +1,9 @@
 """Find and read checkpoint files: one file, a folder, or a sharded index (safetensors or ``.bin``).
 
 ``.bin`` files are read with ``torch.load(weights_only=True)`` (memory-mapped when possible), so a
-checkpoint never runs pickled code. Damaged files raise :class:`~accel_state.errors.CorruptCheckpointError`
-(a :class:`CheckpointError`) naming the file, what was expected and what was found; a well-formed
-``.bin`` whose pickle asks for code raises :class:`~accel_state.errors.UnsafeCheckpointError`.
+checkpoint never runs pickled code. Damaged files raise `CorruptCheckpointError`
+(a `CheckpointError`) naming the file, what was expected and what was found; a well-formed
+``.bin`` whose pickle asks for code raises `UnsafeCheckpointError`.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from torch import nn
 
 from accel_bigmodel.empty import init_empty_weights
 from accel_bigmodel.sizes import calculate_maximum_sizes
+from accel_state.install_hints import install_hint
 
 DTYPE_DIVISORS = {"float32": 1, "float16": 2, "bfloat16": 2, "int8": 4, "int4": 8}
 ALL_DTYPES = ("float32", "float16", "int8", "int4")
@@ -125,6 +126,11 @@ def create_empty_model(
             raise ValueError(f"Cannot import the model factory {model_name!r}: {err}.") from None
         with init_empty_weights():
             return factory()
+    if _names_a_local_path(model_name) and not os.path.exists(model_name):
+        raise ValueError(
+            f"{model_name!r} does not exist: pass an existing config.json or a folder holding one, a Hub id "
+            "or a timm model name."
+        )
     if library_name is None:
         library_name = _guess_library(model_name, access_token)
     if library_name == "transformers":
@@ -132,6 +138,12 @@ def create_empty_model(
     if library_name == "timm":
         return _timm_model(model_name)
     raise ValueError(f"library_name {library_name!r} is not supported: use 'transformers' or 'timm'.")
+
+
+def _names_a_local_path(model_name: str) -> bool:
+    """Whether ``model_name`` can only be a path: a ``.json`` file, or a name no Hub id or timm name takes
+    (absolute, or starting with ``.`` or ``~``)."""
+    return model_name.endswith(".json") or os.path.isabs(model_name) or model_name.startswith((".", "~"))
 
 
 def _guess_library(model_name: str, access_token: str | None) -> str:
@@ -146,8 +158,8 @@ def _guess_library(model_name: str, access_token: str | None) -> str:
 
     if not is_huggingface_hub_available():
         raise ImportError(
-            f'Finding {model_name!r} on the Hub needs huggingface_hub: pip install "accel-bigmodel[hub]" '
-            "(or pass a local config file)."
+            f"Finding {model_name!r} on the Hub needs huggingface_hub (or pass a local config file): "
+            f"{install_hint('accel-bigmodel', 'hub')}."
         )
     from huggingface_hub import model_info
 
@@ -167,7 +179,9 @@ def _transformers_model(model_name: str, trust_remote_code: bool, access_token: 
     from accel_state.imports import is_transformers_available
 
     if not is_transformers_available():
-        raise ImportError(f'Building {model_name!r} needs transformers: pip install "accel-bigmodel[transformers]".')
+        raise ImportError(
+            f"Building {model_name!r} needs transformers: {install_hint('accel-bigmodel', 'transformers')}."
+        )
     import transformers
 
     source = os.path.dirname(model_name) if model_name.endswith(".json") else model_name
@@ -188,7 +202,7 @@ def _timm_model(model_name: str) -> nn.Module:
     from accel_state.imports import is_timm_available
 
     if not is_timm_available():
-        raise ImportError(f'Building {model_name!r} needs timm: pip install "accel-bigmodel[timm]".')
+        raise ImportError(f"Building {model_name!r} needs timm: {install_hint('accel-bigmodel', 'timm')}.")
     import timm
 
     with init_empty_weights():
@@ -205,7 +219,9 @@ def verify_on_hub(repo: str, token: str | None = None) -> Any:
     from accel_state.imports import is_huggingface_hub_available
 
     if not is_huggingface_hub_available():
-        raise ImportError('Looking a model up on the Hub needs huggingface_hub: pip install "accel-bigmodel[hub]".')
+        raise ImportError(
+            f"Looking a model up on the Hub needs huggingface_hub: {install_hint('accel-bigmodel', 'hub')}."
+        )
     from huggingface_hub import model_info
     from huggingface_hub.utils import GatedRepoError, RepositoryNotFoundError
 

@@ -1,10 +1,10 @@
 """Hooks around a module's forward: move inputs and weights to the execution device, offload after.
 
-A hook is attached with :func:`add_hook_to_module`, which wraps ``module.forward`` (keeping the
+A hook is attached with `add_hook_to_module()`, which wraps ``module.forward`` (keeping the
 original as ``module._old_forward`` and the hook as ``module._hf_hook``, the attribute names other
-libraries look for). :class:`AlignDevicesHook` brings offloaded weights in before the forward and
+libraries look for). `AlignDevicesHook` brings offloaded weights in before the forward and
 puts meta placeholders back after it; weights come from a background prefetcher when the model was
-dispatched (see :mod:`accel_bigmodel.prefetch`), else straight from the weights map.
+dispatched (see `accel_bigmodel.prefetch`), else straight from the weights map.
 """
 
 from __future__ import annotations
@@ -546,7 +546,7 @@ def attach_align_device_hook(
     preload_module_classes: list[str] | None = None,
     tied_params_map: dict[int, dict[Any, torch.Tensor]] | None = None,
 ) -> None:
-    """Add an :class:`AlignDevicesHook` to every submodule with direct weights (whole ``preload_module_classes`` blocks at once).
+    """Add an `AlignDevicesHook` to every submodule with direct weights (whole ``preload_module_classes`` blocks at once).
 
     Args:
         module: The module.

@@ -3,14 +3,14 @@
 torch's weights-only reader reports a garbled pickle the way it reports a pickle that names a
 forbidden global (both are an ``UnpicklingError``), and a truncated zip as a ``RuntimeError`` of its
 zip library. The checks here look at the file's structure only, so that damage is reported as
-:class:`~accel_state.errors.CorruptCheckpointError` and only a well-formed file that asks for code as
-:class:`~accel_state.errors.UnsafeCheckpointError`:
+`CorruptCheckpointError` and only a well-formed file that asks for code as
+`UnsafeCheckpointError`:
 
 * the zip: its central directory at the end (gone when the file was cut short), every record's local
   header where the directory says and its bytes inside the file, and the CRC-32 of every record but
   the tensor data (the pickle, the version and byte-order records: small). Tensor bytes are not
   checksummed: that would read every file twice.
-* the pickle (:func:`pickle_damage`): walked opcode by opcode without running anything; a stream that
+* the pickle (`pickle_damage()`): walked opcode by opcode without running anything; a stream that
   ends before its ``STOP`` or holds a byte that is no pickle opcode was damaged, not crafted.
 """
 
@@ -119,7 +119,7 @@ def torch_file_damage(stream: BinaryIO, walk_pickle: bool = False) -> tuple[str,
 
     Args:
         stream: a seekable binary stream of the whole file (read from its start; left anywhere).
-        walk_pickle: also walk the pickle's opcodes (:func:`pickle_damage`): for telling a refused pickle
+        walk_pickle: also walk the pickle's opcodes (`pickle_damage()`): for telling a refused pickle
             from a garbled one once torch's reader failed on it (its CRC may be absent).
     """
     window = _Window(stream)
@@ -175,8 +175,8 @@ def _damage(stream: BinaryIO, size: int, walk_pickle: bool) -> tuple[str, str] |
 
 
 def check_torch_file_structure(stream: BinaryIO, path: str) -> None:
-    """Raise :class:`~accel_state.errors.CorruptCheckpointError` when the ``torch.save`` file in ``stream``
-    is damaged (:func:`torch_file_damage`); reads no tensor bytes.
+    """Raise `CorruptCheckpointError` when the ``torch.save`` file in ``stream``
+    is damaged (`torch_file_damage()`); reads no tensor bytes.
 
     Args:
         stream: a seekable binary stream of the whole file.

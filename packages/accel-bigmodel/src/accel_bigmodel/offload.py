@@ -174,7 +174,7 @@ def load_offload_index(offload_folder: str | os.PathLike[str]) -> dict[str, Any]
     Raises:
         UnsafeCheckpointError: an entry names a file outside the folder (absolute path or ``..``).
         CorruptCheckpointError: the index is not JSON, or not a JSON object of entries (a
-            :class:`CheckpointError`).
+            `CheckpointError`).
     """
     path = os.path.join(offload_folder, INDEX_NAME)
     if not os.path.isfile(path):

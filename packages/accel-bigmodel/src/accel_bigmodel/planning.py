@@ -1,6 +1,6 @@
 """Device-map planning: where each module goes, given memory budgets. Pure logic, no I/O.
 
-:func:`infer_auto_device_map` walks the model once in execution order and fills devices greedily
+`infer_auto_device_map()` walks the model once in execution order and fills devices greedily
 (GPUs in order, then CPU, then disk), splitting a module into its children only when it does not fit.
 Every step is O(1) amortised (a deque for the queue, a suffix maximum for the largest remaining layer,
 prefix tables for tied parameters), so planning is linear in the number of modules.

@@ -2,7 +2,7 @@
 
 Every file is written under a hidden temporary name in its final folder and renamed (or linked) into
 place. An ``OSError`` (disk full, permission denied, file too large) becomes a
-:class:`CheckpointWriteError` naming the path and the OS reason, after the partial file is removed.
+`CheckpointWriteError` naming the path and the OS reason, after the partial file is removed.
 The safetensors writer is our own (header + raw bytes), so the OS error reaches us unchanged.
 """
 
@@ -32,7 +32,7 @@ class CheckpointWriteError(OSError):
 
 
 def tmp_name(folder: str, final_name: str, token: str | None = None) -> str:
-    """A hidden path in ``folder`` for writing ``final_name`` (recognised by :func:`remove_leftovers`)."""
+    """A hidden path in ``folder`` for writing ``final_name`` (recognised by `remove_leftovers()`)."""
     return os.path.join(folder, f"{TMP_PREFIX}{token or uuid.uuid4().hex[:12]}-{final_name}")
 
 

@@ -1,6 +1,6 @@
 """Sharded saving of a state dict: split by ``max_shard_size`` (pure), then write shards and the index.
 
-The split is pure logic over tensor sizes; :func:`save_sharded` is the only part that touches disk.
+The split is pure logic over tensor sizes; `save_sharded()` is the only part that touches disk.
 Shards are written under hidden names and brought into place behind the index, which is the commit
 point; shard files of an earlier save that the new index does not name are removed after it, so a
 folder never mixes two saves, even when the writer is killed.

@@ -60,7 +60,7 @@ def parse_size(size: int | float | str) -> int:
 
 
 def convert_file_size_to_int(size: int | float | str) -> int:
-    """Documented name of :func:`parse_size`.
+    """Documented name of `parse_size()`.
 
     Args:
         size: An int of bytes, or text such as `"10GB"` / `"10GiB"`.

@@ -74,8 +74,8 @@ def read_safetensors_header(path: str) -> tuple[dict[str, TensorLocation], dict[
     """Tensor locations and metadata of a safetensors file, read from its header only.
 
     A file too short for the header it announces, a header that is not a JSON object, or a tensor whose
-    bytes lie beyond the end of the file is a :class:`~accel_state.errors.CorruptCheckpointError` naming
-    the file (a :class:`CheckpointError` too); an unknown dtype a :class:`CheckpointError`.
+    bytes lie beyond the end of the file is a `CorruptCheckpointError` naming
+    the file (a `CheckpointError` too); an unknown dtype a `CheckpointError`.
 
     Args:
         path: the safetensors file.
@@ -143,7 +143,7 @@ def check_safetensors_file(path: str) -> tuple[dict[str, TensorLocation], dict[s
 
     Raises:
         CorruptCheckpointError: the file is shorter or longer than its header says, or its header is
-            broken (see :func:`read_safetensors_header`).
+            broken (see `read_safetensors_header()`).
     """
     header_len, locations, metadata = _read_header(path)
     base = 8 + header_len

@@ -50,7 +50,7 @@ class DataLoaderAdapter:
         return dict(self.base_dataloader.state_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a position saved by :meth:`state_dict`."""
+        """Restore a position saved by `state_dict()`."""
         if not hasattr(self.base_dataloader, "load_state_dict"):
             raise AttributeError("load_state_dict needs use_stateful_dataloader=True.")
         self.base_dataloader.load_state_dict(state_dict)

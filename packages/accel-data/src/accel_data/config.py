@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-STATEFUL_EXTRA_HINT = 'pip install "accel-data[torchdata]"'
+from accel_state.install_hints import install_hint
+
+#: How to install the ``torchdata`` extra of accel-data (torchdata's ``StatefulDataLoader``).
+STATEFUL_EXTRA_HINT = install_hint("accel-data", "torchdata")
 
 
 def require_stateful_dataloader() -> None:
@@ -15,8 +18,8 @@ def require_stateful_dataloader() -> None:
     if not imports.is_torchdata_stateful_dataloader_available():
         raise ImportError(
             "use_stateful_dataloader=True needs torchdata>=0.8 (its StatefulDataLoader), which is not installed. "
-            f"Install it with `{STATEFUL_EXTRA_HINT}`, or use a prepared loader (Accelerator.prepare or "
-            "prepare_data_loader), whose use_stateful_dataloader=True works without torchdata."
+            "Use a prepared loader (Accelerator.prepare or prepare_data_loader), whose "
+            f"use_stateful_dataloader=True works without torchdata, or install it: {STATEFUL_EXTRA_HINT}."
         )
 
 
@@ -31,7 +34,7 @@ class DataLoaderConfiguration:
             yes for iterable datasets, no for map-style ones.
         even_batches: complete the last round with samples from the start so that every process gets
             the same number of batches (``gather_for_metrics`` drops the duplicates again).
-        use_seedable_sampler: replace a ``RandomSampler`` by a :class:`SeedableRandomSampler`, whose order
+        use_seedable_sampler: replace a ``RandomSampler`` by a `SeedableRandomSampler`, whose order
             depends only on the seed and the epoch (reproducible and resumable).
         data_seed: seed of that sampler (default: torch's initial seed, as set by ``set_seed``).
         non_blocking: move batches to the device with ``non_blocking=True`` (useful with ``pin_memory``).
@@ -40,7 +43,7 @@ class DataLoaderConfiguration:
             ``load_state`` leaves the loader as it was prepared: its next iteration starts an epoch whose
             order comes from the random states just restored, and the script skips the batches it
             already used (``skip_first_batches`` or ``continue``). With torchdata installed
-            (``pip install "accel-data[torchdata]"``) the loaders are built on its ``StatefulDataLoader``,
+            (the ``torchdata`` extra of accel-data) the loaders are built on its ``StatefulDataLoader``,
             whose state also covers workers and stateful datasets; without it, accel's own position is used.
         replay_epoch_on_resume: accel's opt-in for scripts that skip by hand: after ``load_state`` a
             loader without ``use_stateful_dataloader`` gets back the interrupted epoch's number and

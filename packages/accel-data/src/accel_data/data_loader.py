@@ -133,7 +133,7 @@ def prepare_data_loader(
         even_batches: complete the last round with samples from the start so that all processes get as
             many batches (map-style datasets).
         slice_fn_for_dispatch: how to cut a dispatched batch (default: slice every tensor).
-        use_seedable_sampler: replace a ``RandomSampler`` by a :class:`SeedableRandomSampler`.
+        use_seedable_sampler: replace a ``RandomSampler`` by a `SeedableRandomSampler`.
         data_seed: its seed.
         non_blocking: move batches with ``non_blocking=True``.
         use_stateful_dataloader: opt in to resuming at the saved batch after ``Accelerator.load_state``
@@ -143,12 +143,12 @@ def prepare_data_loader(
             context-parallel ranks get the same batches.
         replay_epoch_on_resume: accel's opt-in: ``load_state`` gives the loader back the interrupted
             epoch and its order, replayed from the first batch, for scripts that skip by hand (see
-            :class:`DataLoaderConfiguration`).
+            `DataLoaderConfiguration`).
         num_processes: Number of processes sharing the data; `None` takes it from the distributed state.
         process_index: Index of this process; `None` takes it from the distributed state.
 
     Returns:
-        a :class:`DataLoaderShard` or :class:`DataLoaderDispatcher` (both ``DataLoader`` subclasses).
+        a `DataLoaderShard` or `DataLoaderDispatcher` (both ``DataLoader`` subclasses).
     """
     from accel_state.enums import DistributedType
     from accel_state.state import PartialState

@@ -97,7 +97,7 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
         skip_batches: steps to skip at the start of every iteration.
         use_stateful_dataloader: build on torchdata's ``StatefulDataLoader``.
         slice_fn: ``slice_fn(batch, slice, process_index=..., num_processes=...)`` cutting a batch
-            (default :func:`accel_state.nested.slice_tensors`; needed for batches holding non-tensors
+            (default `accel_state.nested.slice_tensors()`; needed for batches holding non-tensors
             when there are several slices: with one process the batch, non-tensor leaves included, is
             passed on whole).
         torch_device_mesh: slices go to data-parallel ranks; tensor-parallel ranks get the same one.
@@ -169,10 +169,10 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any], *, restore_position: bool = True) -> None:
-        """Resume from :meth:`state_dict` (see :meth:`DataLoaderStateMixin.load_state_dict`).
+        """Resume from `state_dict()` (see `DataLoaderStateMixin.load_state_dict()`).
 
         Args:
-            state_dict: what :meth:`state_dict` returned.
+            state_dict: what `state_dict()` returned.
             restore_position: False replays the saved epoch from its first batch.
         """
         super().load_state_dict(state_dict, restore_position=restore_position)

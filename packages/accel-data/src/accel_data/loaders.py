@@ -7,7 +7,7 @@ batch is used, and counts the batches it yields, so ``state_dict()`` / ``load_st
 mid-epoch.
 
 ``Accelerator.load_state`` restores that position only for loaders that opted in with
-``use_stateful_dataloader=True`` (:func:`load_checkpoint_state`). The others stay as they were prepared,
+``use_stateful_dataloader=True`` (`load_checkpoint_state()`). The others stay as they were prepared,
 as in the documented system, so a script that skips the seen batches itself (``skip_first_batches`` or
 a ``continue``) does not skip them twice; with accel's ``replay_epoch_on_resume=True`` they get back
 their epoch and shuffle order and replay the epoch from its start, so that such a skip resumes exactly.
@@ -188,7 +188,7 @@ class DataLoaderStateMixin:
         return _SkippableIndexSampler(self, inner)
 
     def _sharding_sampler(self) -> Any:
-        """The :class:`BatchSamplerShard` of this loader, if its batches are sharded by one."""
+        """The `BatchSamplerShard` of this loader, if its batches are sharded by one."""
         node = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler  # type: ignore[attr-defined]
         while isinstance(node, SkipBatchSampler):
             node = node.batch_sampler
@@ -432,7 +432,7 @@ class DataLoaderStateMixin:
         return state
 
     def rewound_state_dict(self) -> dict[str, Any]:
-        """:meth:`state_dict` as it stood before the last batch was yielded.
+        """`state_dict()` as it stood before the last batch was yielded.
 
         A checkpoint taken when a step starts (``save_on_preemption``) was made after that step's batch
         was read; resuming from this state reads that batch again. Covers torchdata's part too.
@@ -459,10 +459,10 @@ class DataLoaderStateMixin:
         return StatefulDataLoader.state_dict(self)  # type: ignore[arg-type]
 
     def load_state_dict(self, state_dict: dict[str, Any], *, restore_position: bool = True) -> None:
-        """Resume from :meth:`state_dict`: the next iteration continues where that one stopped.
+        """Resume from `state_dict()`: the next iteration continues where that one stopped.
 
         Args:
-            state_dict: what :meth:`state_dict` returned.
+            state_dict: what `state_dict()` returned.
             restore_position: False restores the epoch and the shuffle order only: the next iteration
                 replays that epoch from its first batch (what ``Accelerator.load_state`` does for loaders
                 without ``use_stateful_dataloader=True``).
@@ -549,8 +549,8 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
     """A ``DataLoader`` that places batches on ``device``, keeps RNGs in step and knows its last batch.
 
     Args:
-        dataset: the dataset (already sharded by a :class:`BatchSamplerShard` or
-            :class:`IterableDatasetShard` when several processes read).
+        dataset: the dataset (already sharded by a `BatchSamplerShard` or
+            `IterableDatasetShard` when several processes read).
         device: move every batch there (``None``: leave batches where they are).
         rng_types: generators to synchronise from process 0 at the start of each iteration
             (``"torch"``, ``"cuda"``, ``"xla"``, ``"generator"`` ...).

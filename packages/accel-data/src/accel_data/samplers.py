@@ -13,7 +13,7 @@ from accel_data import sharding
 
 
 class GeneratorOwner(enum.Enum):
-    """Who holds the generator a random sampler shuffles with (see :func:`generator_owner`)."""
+    """Who holds the generator a random sampler shuffles with (see `generator_owner()`)."""
 
     #: the sampler's own generator (the user's, or one a prepared loader gave it)
     SAMPLER = "sampler"
@@ -212,7 +212,7 @@ class BatchSamplerShard(BatchSampler):
 
 
 def _drawable(batch_sampler: Any) -> bool:
-    """True for torch's own ``BatchSampler`` over a sampler whose whole order :func:`_draw` can compute."""
+    """True for torch's own ``BatchSampler`` over a sampler whose whole order `_draw()` can compute."""
     if type(batch_sampler) is not BatchSampler or not isinstance(batch_sampler.batch_size, int):
         return False
     sampler: Any = batch_sampler.sampler
@@ -242,7 +242,7 @@ def _draw(sampler: Any) -> list[int]:
 
 
 class IterableDatasetShard(IterableDataset):
-    """The samples of an iterable dataset that belong to one process (see :func:`sharding.shard_iterable`).
+    """The samples of an iterable dataset that belong to one process (see `sharding.shard_iterable()`).
 
     Args:
         dataset: the iterable dataset.

@@ -1,7 +1,7 @@
 """Pure sharding arithmetic: which indices or samples each process gets, and how many are padding.
 
-No torch, no processes: :class:`~accel_data.samplers.BatchSamplerShard` and
-:class:`~accel_data.samplers.IterableDatasetShard` iterate through these generators, and the tests
+No torch, no processes: `BatchSamplerShard` and
+`IterableDatasetShard` iterate through these generators, and the tests
 check them exhaustively in-process.
 
 The rules (the documented behaviour of the data loaders):
@@ -167,7 +167,7 @@ def shard_length(
     last_batch_size: int | None = None,
     batch_size: int | None = None,
 ) -> int:
-    """How many batches :func:`shard_batches` yields for a sampler of ``num_batches`` batches.
+    """How many batches `shard_batches()` yields for a sampler of ``num_batches`` batches.
 
     ``last_batch_size`` (size of the sampler's last batch, when known) makes the count exact for
     ``split_batches`` without ``even_batches``, where trailing processes may get nothing.
@@ -255,7 +255,7 @@ def iterable_shard_length(
     split_batches: bool = False,
     drop_last: bool = False,
 ) -> int:
-    """Number of samples :func:`shard_iterable` yields to each process for ``dataset_length`` samples."""
+    """Number of samples `shard_iterable()` yields to each process for ``dataset_length`` samples."""
     if split_batches:
         per_process, global_size = batch_size // num_processes, batch_size
     else:

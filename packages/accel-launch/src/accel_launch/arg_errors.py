@@ -1,8 +1,8 @@
 """Short argument errors for the ``accel`` command: one usage line, the error, a hint at ``-h``.
 
 argparse prints the whole usage (about 120 lines for ``accel launch``) before its error; the parsers
-of ``accel`` (:class:`accel_launch.launch_args.AccelArgumentParser`) print :func:`error_text` instead,
-and an unknown option comes with the closest known ones (:func:`suggest_options`), torchrun's names
+of ``accel`` (`accel_launch.launch_args.AccelArgumentParser`) print `error_text()` instead,
+and an unknown option comes with the closest known ones (`suggest_options()`), torchrun's names
 mapped to accel's. Imported only when an error is reported, so help and parsing stay cheap.
 """
 

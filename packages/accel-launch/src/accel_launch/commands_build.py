@@ -137,7 +137,7 @@ ENV_FILE_FORBIDDEN = (";", "\n", "<", ">", " ")
 
 def env_file_lines(env: Mapping[str, str]) -> list[str]:
     """``KEY=VALUE`` lines of ``env`` in input order; an entry that is empty or holds one of
-    :data:`ENV_FILE_FORBIDDEN` is left out with a logged warning."""
+    `ENV_FILE_FORBIDDEN` is left out with a logged warning."""
     import logging
 
     lines: list[str] = []
@@ -166,7 +166,7 @@ MPI_INTEL_SPELLING = ("mpirun", "-f", "-n", "-ppn", "")
 
 def mpirun_command(plan: LaunchPlan, spelling: tuple[str, str, str, str, str] = MPI_INTEL_SPELLING) -> list[str]:
     """The ``mpirun`` prefix of a multi-CPU run started by MPI, with the flag names of ``spelling``
-    (see :func:`accel_launch.launch_utils.mpirun_spelling`; Intel MPI / MPICH by default)."""
+    (see `accel_launch.launch_utils.mpirun_spelling()`; Intel MPI / MPICH by default)."""
     program, hostfile_flag, count_flag, per_node_flag, _bind = spelling
     hostfile = plan.values["mpirun_hostfile"]
     return [

@@ -1,8 +1,8 @@
 """``accel launch --dry_run``: the resolved launch plan, and where each value came from, without starting it.
 
-:func:`plan_summary` turns a :class:`~accel_launch.plan.LaunchPlan` into plain data (each entry a value
+`plan_summary()` turns a `LaunchPlan` into plain data (each entry a value
 and its source: a flag, the config file, a scheduler's variable, the launcher's own choice, a default);
-:func:`print_plan` prints it as aligned text or, with ``--json``, as one JSON object for tools. The
+`print_plan()` prints it as aligned text or, with ``--json``, as one JSON object for tools. The
 port of a one-machine run without ``--main_process_port`` is picked when the run starts (a free one),
 so the plan says so rather than naming a port that may be taken by then.
 """
@@ -134,7 +134,7 @@ def _line(out: TextIO, label: str, value: Any, source: str | None = None, indent
 
 
 def format_plan(summary: dict[str, Any], out: TextIO) -> None:
-    """Write ``summary`` (from :func:`plan_summary`) as aligned text, one setting a line with its source."""
+    """Write ``summary`` (from `plan_summary()`) as aligned text, one setting a line with its source."""
     out.write("accel launch plan (dry run: nothing was started)\n")
     _line(out, "script", " ".join([summary["script"], *summary["script_args"]]))
     _line(out, "launcher", f"{summary['launcher']} (mode {summary['mode']})")

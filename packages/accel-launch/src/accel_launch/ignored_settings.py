@@ -2,7 +2,7 @@
 
 The ``--parallelism_config_*`` flags only build a ``ParallelismConfig`` together with
 ``--use_parallelism_config`` (a config file's ``parallelism_config:`` section turns it on by itself).
-Without it they are ignored, as in the documented system; :func:`ignored_parallelism_settings` words
+Without it they are ignored, as in the documented system; `ignored_parallelism_settings()` words
 the warning the plan carries (printed on stderr and shown by ``--dry_run``). No torch import here.
 """
 

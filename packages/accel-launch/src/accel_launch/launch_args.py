@@ -44,9 +44,9 @@ _UNRECOGNIZED_BY = "_accel_unrecognized_by"
 class AccelArgumentParser(argparse.ArgumentParser):
     """ArgumentParser with short errors; sub-parsers of ``accel`` inherit the class.
 
-    It uses :func:`help_formatter` by default. An argument error prints one usage line, the error
+    It uses `help_formatter()` by default. An argument error prints one usage line, the error
     and a hint at ``-h`` (not the whole option list), with exit status 2; an unknown option comes
-    with the closest known ones (see :mod:`accel_launch.arg_errors`).
+    with the closest known ones (see `accel_launch.arg_errors`).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -1,7 +1,7 @@
 """From a config file plus flags to a launch plan: pure functions, tested in-process.
 
 ``resolve(flags, config, machine)`` merges the three sources (flags over file over defaults), checks
-the result (conflicting paradigms, impossible process counts) and returns a :class:`LaunchPlan`: how to
+the result (conflicting paradigms, impossible process counts) and returns a `LaunchPlan`: how to
 start the processes (``mode``) and the environment that carries the configuration to them, written
 through ``accel_state.env_vars.encode``. Nothing here starts a process, reads a file or imports torch.
 """
@@ -119,7 +119,7 @@ class LaunchPlan:
     config_source: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     #: Variables of ``env`` whose value is only the launcher's default (no flag, no config key set it):
-    #: a value the user exported for them wins (see :func:`accel_launch.runner.launch_env`).
+    #: a value the user exported for them wins (see `accel_launch.runner.launch_env()`).
     defaulted_env: frozenset[str] = frozenset()
     #: Where each launch option's value came from: ``flag --x``, ``config file <path>``, ``environment
     #: PET_NNODES`` (a scheduler's variable), ``chosen by the launcher (...)`` or ``default``.
@@ -181,12 +181,12 @@ def _check_flag_values(flags: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-#: Launch options a scheduler's variables may fill in (:func:`accel_state.cluster.launch_topology`).
+#: Launch options a scheduler's variables may fill in (`accel_state.cluster.launch_topology()`).
 TOPOLOGY_OPTIONS = ("num_machines", "machine_rank", "main_process_ip", "main_process_port")
 
 
 def topology_values(topology: Any) -> dict[str, tuple[Any, str]]:
-    """Launch option -> (value, source) from a :class:`accel_state.cluster.LaunchTopology` (None: nothing)."""
+    """Launch option -> (value, source) from a `accel_state.cluster.LaunchTopology` (None: nothing)."""
     if topology is None or topology.fallback:
         return {}
     out: dict[str, tuple[Any, str]] = {}
@@ -298,12 +298,12 @@ def resolve(
         machine: what this machine offers (a CPU-only machine when None).
         training_script: the script (module, program) to run.
         training_script_args: its arguments.
-        topology: what a scheduler says about the run (:func:`accel_state.cluster.launch_topology`):
+        topology: what a scheduler says about the run (`accel_state.cluster.launch_topology()`):
             fills the machines, machine rank, rendezvous address and processes the flags leave open,
             over the config file.
 
     Returns:
-        The :class:`LaunchPlan` (nothing started).
+        The `LaunchPlan` (nothing started).
 
     Raises:
         ConfigError: values that cannot be used (the message names them and what would be right).
@@ -449,7 +449,7 @@ def _defaulted_env(env: Mapping[str, str], defaulted: set[str]) -> frozenset[str
 
     A variable belongs to the option it is named after (``ACCELERATE_MIXED_PRECISION`` to
     ``mixed_precision``, ``FSDP_OFFLOAD_PARAMS`` to ``fsdp_offload_params``, ``ACCELERATE_USE_CPU`` to
-    ``cpu``), or to the one :data:`_ENV_SOURCE` names.
+    ``cpu``), or to the one `_ENV_SOURCE` names.
     """
     out = set()
     for key in env:

@@ -165,7 +165,7 @@ class ParentDeathPrefix:
     A prefix rather than a ``preexec_fn``: a ``preexec_fn`` makes Python fork the whole launcher (torch
     loaded) for each worker, 10-30 ms each, where a plain spawn takes 0.1 ms. Whether ``setpriv``
     knows ``--pdeathsig`` is checked by running it once; create the object early (it starts the check)
-    and read :meth:`result` when the workers start, so the check runs while torch is imported.
+    and read `result()` when the workers start, so the check runs while torch is imported.
     """
 
     def __init__(self) -> None:
@@ -202,8 +202,8 @@ def workers_die_with_launcher(probe: ParentDeathPrefix | None = None) -> Iterato
     """While the block runs, the processes torch's elastic agent starts die when the launcher dies
     (even by SIGKILL, when nothing can forward a signal): no worker left running on its own.
 
-    Each worker command is started through the :class:`ParentDeathPrefix` (``probe``, started earlier,
-    else now), or with :func:`parent_death_hook` as ``preexec_fn`` where ``setpriv`` cannot do it.
+    Each worker command is started through the `ParentDeathPrefix` (``probe``, started earlier,
+    else now), or with `parent_death_hook()` as ``preexec_fn`` where ``setpriv`` cannot do it.
     """
     prefix = (probe or ParentDeathPrefix()).result()
     hook = None if prefix is not None else parent_death_hook()

@@ -38,6 +38,7 @@ from accel_launch.process_guard import (
     workers_die_with_launcher,
 )
 from accel_launch.values import ConfigError
+from accel_state.install_hints import install_hint
 
 #: Exit status of a launch stopped by SIGTERM (128 + 15, as a shell reports it): what a scheduler's
 #: requeue rule matches (SLURM ``RequeueExit``, a Kubernetes ``podFailurePolicy``).
@@ -312,7 +313,7 @@ def run_deepspeed(plan: LaunchPlan, port: int) -> int:
     cmd = deepspeed_command(plan, port)
     if launch_utils.which("deepspeed") is None:
         raise LaunchError(
-            'a multi-node DeepSpeed run needs the `deepspeed` launcher: pip install "accel-train[deepspeed]"'
+            f"a multi-node DeepSpeed run needs the `deepspeed` launcher: {install_hint('accel-train', 'deepspeed')}"
         )
     env = _child_env(plan)
     if (plan.values.get("deepspeed_multinode_launcher") or "pdsh") == "pdsh":

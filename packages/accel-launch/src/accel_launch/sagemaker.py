@@ -88,11 +88,12 @@ def sagemaker_job_args(
 
 
 def sagemaker_launch(plan: Any) -> int:
-    """Create the estimator and fit it (needs ``pip install "accel-launch[sagemaker]"``)."""
+    """Create the estimator and fit it (needs the ``sagemaker`` extra of accel-launch)."""
     from accel_state.imports import is_sagemaker_available
+    from accel_state.install_hints import install_hint
 
     if not is_sagemaker_available():
-        raise ConfigError('a SageMaker launch needs the sagemaker SDK: pip install "accel-launch[sagemaker]"')
+        raise ConfigError(f"a SageMaker launch needs the sagemaker SDK: {install_hint('accel-launch', 'sagemaker')}")
     from sagemaker.huggingface import HuggingFace
 
     config = plan.extra.get("config")

@@ -1,6 +1,6 @@
 """Checking and normalising one option value, from a config file or from the command line.
 
-Pure functions: a value of the wrong type raises :class:`ConfigError` naming the key and the
+Pure functions: a value of the wrong type raises `ConfigError` naming the key and the
 expected type; a misspelt key raises one naming the closest valid key.
 """
 
@@ -52,7 +52,7 @@ def unknown_keys_error(keys: Iterable[str], valid: Iterable[str], where: str) ->
         where: what holds the keys (``config file x.yaml``, ``..., section 'fsdp_config'``).
 
     Returns:
-        The :class:`ConfigError` to raise (the user fixes every key in one go, not one per run).
+        The `ConfigError` to raise (the user fixes every key in one go, not one per run).
     """
     valid = sorted(valid)
     named = []

@@ -15,10 +15,11 @@ from accel_state.imports import (
     is_torchao_available,
     is_transformer_engine_available,
 )
+from accel_state.install_hints import install_hint
 
-BNB_INSTALL = 'pip install "accel-quant[bnb]"'
-TORCHAO_INSTALL = 'pip install "accel-quant[torchao]"'
-TE_INSTALL = 'pip install "accel-quant[transformer-engine]" (TransformerEngine needs a CUDA toolkit)'
+BNB_INSTALL = install_hint("accel-quant", "bnb")
+TORCHAO_INSTALL = install_hint("accel-quant", "torchao")
+TE_INSTALL = install_hint("accel-quant", "transformer-engine")
 MSAMP_INSTALL = "install MS-AMP from source (https://github.com/Azure/MS-AMP); it is not on PyPI"
 
 
@@ -27,9 +28,9 @@ def require_bnb(bits: int | None = None) -> ModuleType:
     if not is_bnb_available():
         raise ImportError(f"bitsandbytes quantization needs the bitsandbytes package: {BNB_INSTALL}.")
     if bits == 8 and not is_8bit_bnb_available():
-        raise ImportError(f"8-bit quantization needs bitsandbytes>=0.37.2: {BNB_INSTALL} --upgrade.")
+        raise ImportError(f"8-bit quantization needs bitsandbytes>=0.37.2: {install_hint('bitsandbytes>=0.37.2')}.")
     if bits == 4 and not is_4bit_bnb_available():
-        raise ImportError(f"4-bit quantization needs bitsandbytes>=0.39.0: {BNB_INSTALL} --upgrade.")
+        raise ImportError(f"4-bit quantization needs bitsandbytes>=0.39.0: {install_hint('bitsandbytes>=0.39.0')}.")
     import bitsandbytes
 
     return bitsandbytes
@@ -47,7 +48,10 @@ def require_torchao() -> ModuleType:
 def require_transformer_engine() -> ModuleType:
     """Import ``transformer_engine.pytorch``, or raise ImportError naming the extra."""
     if not is_transformer_engine_available():
-        raise ImportError(f"The TransformerEngine FP8 backend needs the transformer-engine package: {TE_INSTALL}.")
+        raise ImportError(
+            "The TransformerEngine FP8 backend needs the transformer-engine package (and a CUDA toolkit): "
+            f"{TE_INSTALL}."
+        )
     import transformer_engine.pytorch
 
     return transformer_engine.pytorch

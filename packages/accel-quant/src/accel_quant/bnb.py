@@ -1,6 +1,6 @@
 """bitsandbytes quantization: swap Linear layers for 8-bit or 4-bit ones and load checkpoints into them.
 
-The documented entry point is :func:`load_and_quantize_model`: from an empty (meta) model and a
+The documented entry point is `load_and_quantize_model()`: from an empty (meta) model and a
 checkpoint, or from a model already in memory. Quantization itself is bitsandbytes': its parameter
 classes quantize when moved to a device (``Int8Params`` / ``Params4bit`` ``.to(device)``), on CPU
 (bitsandbytes' CPU backend) as on GPU. bitsandbytes is imported only inside the functions.
@@ -165,7 +165,7 @@ def replace_with_bnb_layers(
 
     Layers named in ``modules_to_not_convert`` (default: ``bnb_quantization_config.skip_modules``)
     stay as they are. A layer holding weights keeps them (full precision, quantized by
-    :func:`quantize_bnb_layers` or when moved to a device); a meta layer stays empty. Raises
+    `quantize_bnb_layers()` or when moved to a device); a meta layer stays empty. Raises
     ValueError when a name to skip matches no module of the model.
 
     Args:

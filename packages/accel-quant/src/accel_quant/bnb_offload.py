@@ -62,7 +62,7 @@ def _scales_for(model: nn.Module, name: str, module: nn.Module) -> torch.Tensor 
 
 
 def attach_int8_statistics_hooks(model: nn.Module) -> int:
-    """Add an :class:`Int8StatisticsHook` to every offloaded 8-bit layer of ``model``; return how many.
+    """Add an `Int8StatisticsHook` to every offloaded 8-bit layer of ``model``; return how many.
 
     Raises RuntimeError when an offloaded 8-bit layer's statistics cannot be found.
     """

@@ -178,6 +178,7 @@ _export(
     "PROFILE_PATTERN_NAME",
 )
 _export("cluster", "ProcessEnvironment")
+_export("install_hints", "install_hint")
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
 

@@ -3,7 +3,7 @@
 Pure logic over a mapping of environment variables, so it is tested in-process. It understands
 ``torch.distributed.run`` and ``accel launch`` (``RANK``/``WORLD_SIZE``/...), SLURM (``SLURM_*``)
 and MPI launchers (Open MPI ``OMPI_COMM_WORLD_*``, MPICH/Intel MPI ``PMI_*``, MVAPICH ``MV2_*``).
-:func:`launch_topology` reads what a scheduler (SLURM, a Kubernetes PyTorchJob) tells ``accel launch``.
+`launch_topology()` reads what a scheduler (SLURM, a Kubernetes PyTorchJob) tells ``accel launch``.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def first_slurm_host(nodelist: str) -> str:
 
 
 def detect(env: Mapping[str, str]) -> ProcessEnvironment:
-    """The :class:`ProcessEnvironment` described by ``env`` (a copy of ``os.environ``)."""
+    """The `ProcessEnvironment` described by ``env`` (a copy of ``os.environ``)."""
     addr = env.get("MASTER_ADDR") or DEFAULT_MASTER_ADDR
     port = _int(env, "MASTER_PORT", default=DEFAULT_MASTER_PORT) or DEFAULT_MASTER_PORT
 
@@ -179,7 +179,7 @@ def launch_topology(env: Mapping[str, str]) -> LaunchTopology | None:
         env: the environment to read (a copy of ``os.environ``).
 
     Returns:
-        The :class:`LaunchTopology`, or None when none of these variables is there.
+        The `LaunchTopology`, or None when none of these variables is there.
 
     Raises:
         ValueError: a variable that must be a number is not one (the message names it).

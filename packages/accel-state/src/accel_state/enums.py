@@ -87,7 +87,7 @@ class PrecisionType(_StrEnum):
 
 
 #: The ``mixed_precision`` values in the order the launcher, its questionnaire and its config reader
-#: show them (the one list every accel package offers; members of :class:`PrecisionType`).
+#: show them (the one list every accel package offers; members of `PrecisionType`).
 MIXED_PRECISION_CHOICES: tuple[str, ...] = (
     PrecisionType.NO.value,
     PrecisionType.FP16.value,

@@ -2,8 +2,8 @@
 
 Every ``ACCELERATE_*`` / ``FSDP_*`` / ``ACCELERATE_DEEPSPEED_*`` / ``MEGATRON_LM_*`` /
 ``PARALLELISM_CONFIG_*`` variable that a launcher sets or a state reads is declared here once,
-with its type and default. The launcher writes them with :func:`encode`; the processes read them
-with :func:`read`. Documented names are kept so that launchers and scripts written for the
+with its type and default. The launcher writes them with `encode()`; the processes read them
+with `read()`. Documented names are kept so that launchers and scripts written for the
 documented system work unchanged. This module imports nothing heavy (no torch).
 """
 
@@ -195,7 +195,7 @@ _ALL: tuple[EnvVar, ...] = (
 #: Every variable of the protocol, by name.
 ENV_VARS: Mapping[str, EnvVar] = {var.name: var for var in _ALL}
 
-#: Standard torch.distributed.run variables the launcher also sets (read by :mod:`accel_state.cluster`).
+#: Standard torch.distributed.run variables the launcher also sets (read by `accel_state.cluster`).
 TORCH_DISTRIBUTED_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 

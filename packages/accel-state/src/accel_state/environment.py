@@ -267,7 +267,7 @@ def override_numa_affinity(local_process_index: int, verbose: bool | None = None
 
     Only NVIDIA GPUs report their NUMA node (through pynvml); on a machine without CUDA, or without
     ``os.sched_setaffinity`` (not Linux), there is nothing to pin and the call does nothing. Prefer
-    :func:`set_numa_affinity`, which computes the set once per process index.
+    `set_numa_affinity()`, which computes the set once per process index.
 
     Args:
         local_process_index: index of this process on its machine (the GPU it drives).
@@ -280,13 +280,14 @@ def override_numa_affinity(local_process_index: int, verbose: bool | None = None
     import math
 
     from accel_state import imports
+    from accel_state.install_hints import install_hint
 
     if not (imports.is_cuda_available() and hasattr(os, "sched_setaffinity")):
         return
     if not imports.is_pynvml_available():
         raise ImportError(
             "override_numa_affinity: to set the CPU affinity on CUDA GPUs the `pynvml` package must be "
-            "available (`pip install pynvml`), to read which CPUs are near each GPU."
+            f"available (`{install_hint('pynvml')}`), to read which CPUs are near each GPU."
         )
     import pynvml  # type: ignore[import-not-found]
 
@@ -309,7 +310,7 @@ _NUMA_DONE: set[tuple[int, bool | None]] = set()
 
 def set_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
     """Pin this process to the CPUs of the NUMA node of its GPU (NVIDIA, Linux, with pynvml), once per
-    ``(local_process_index, verbose)``: later calls do nothing (:func:`override_numa_affinity` recomputes).
+    ``(local_process_index, verbose)``: later calls do nothing (`override_numa_affinity()` recomputes).
 
     Args:
         local_process_index: index of this process on its machine.
@@ -331,8 +332,8 @@ MINIMUM_LINUX_KERNEL = "5.5.0"
 
 def check_os_kernel(release: str | None = None, system: str | None = None) -> bool:
     """Warn (once per machine, as a log record and a warning) when the Linux kernel is older than
-    :data:`MINIMUM_LINUX_KERNEL`, where processes can hang; True when it is (``release`` and ``system``
-    default to this machine's, from :func:`platform.uname`).
+    `MINIMUM_LINUX_KERNEL`, where processes can hang; True when it is (``release`` and ``system``
+    default to this machine's, from `platform.uname()`).
 
     Args:
         release: Kernel release to check (as `platform.release()` gives it); `None` reads this machine's.

@@ -2,7 +2,7 @@
 
 Kept here, in the common base of the dependency graph, so that the big-model loader and the
 training checkpoints raise the same class and a caller catches one name:
-:class:`UnsafeCheckpointError` for a file that would run code, :class:`CorruptCheckpointError` for a
+`UnsafeCheckpointError` for a file that would run code, `CorruptCheckpointError` for a
 damaged one (both ``ValueError``; neither a subclass of the other).
 """
 
@@ -40,14 +40,14 @@ class UnsafeCheckpointError(ValueError):
 class CheckpointError(ValueError):
     """A checkpoint file that cannot be read: truncated, corrupt, or not what its name says.
 
-    The message names the file. :class:`CorruptCheckpointError` is the damaged-file case.
+    The message names the file. `CorruptCheckpointError` is the damaged-file case.
 
     Args:
         *args: the message (as for any exception).
     """
 
 
-#: What :class:`CorruptCheckpointError` advises when the caller gives no hint of its own.
+#: What `CorruptCheckpointError` advises when the caller gives no hint of its own.
 CORRUPT_HINT = (
     "The file is damaged or was not completely written (a copy or download cut short, a disk error): "
     "restore it from a good copy, or load an earlier checkpoint."
@@ -60,7 +60,7 @@ class CorruptCheckpointError(CheckpointError):
     This is damage, not an attack: the file is not a well-formed file of its format (a truncated
     safetensors file or zip, a CRC that does not match, a pickle stream that ends early or holds a byte
     that is no pickle opcode, a manifest that is not JSON). A well-formed file that asks to run code is
-    an :class:`UnsafeCheckpointError` instead; the two classes are unrelated, so a caller can tell them
+    an `UnsafeCheckpointError` instead; the two classes are unrelated, so a caller can tell them
     apart. ``load_state`` raises it before anything is loaded: the model and optimizer keep their values.
 
     Args:

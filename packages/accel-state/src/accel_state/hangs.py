@@ -3,10 +3,10 @@
 Without help, a collective that one process skips (or reaches much later) waits until the process
 group's timeout (``InitProcessGroupKwargs(timeout=...)``) and then fails with a transport message
 ("Timed out waiting 10000ms for send operation", "Connection closed by peer") that names neither
-the operation nor the absent process. :func:`watched_collective` wraps accel's collectives: each
+the operation nor the absent process. `watched_collective()` wraps accel's collectives: each
 call gets a number (the how-manieth collective of this process); when one fails because of a
 timeout or a vanished peer, every failing process writes where it stands into the process group's
-store, waits a few seconds for the others' notes, and raises :class:`CollectiveTimeoutError`
+store, waits a few seconds for the others' notes, and raises `CollectiveTimeoutError`
 naming the operation, its number, the processes that did not arrive and where each of them is.
 
 Nothing runs on the normal path beyond a counter and a ``try``.
@@ -67,7 +67,7 @@ def is_peer_failure(error: BaseException) -> bool:
 
 
 def watched_collective(name: str | None = None) -> Callable[[F], F]:
-    """Decorate a collective so that a missing peer turns into :class:`CollectiveTimeoutError`.
+    """Decorate a collective so that a missing peer turns into `CollectiveTimeoutError`.
 
     Nested watched calls (a collective built from others) count once, under the outer name.
     """

@@ -9,15 +9,15 @@ forks a child per run. Each child costs a fork, not an interpreter start and tor
 
 The protocol between a driver and its child script:
 
-* the child calls :func:`die_with_parent` first, so that a driver killed by a test runner's timeout
+* the child calls `die_with_parent()` first, so that a driver killed by a test runner's timeout
   takes its children with it;
-* the child builds a :class:`StepCounter` from its arguments, wraps the calls that count as steps
-  with :meth:`StepCounter.wrap` (or calls :meth:`StepCounter.tick` itself), runs the action and
+* the child builds a `StepCounter` from its arguments, wraps the calls that count as steps
+  with `StepCounter.wrap()` (or calls `StepCounter.tick()` itself), runs the action and
   exits 0; the counter SIGKILLs it at step ``kill_at``;
 * run with ``kill_at == 0`` (a counting run) the child writes the label of every step, one a line,
   to the log file it is given, so the driver knows how many steps there are and what each one is.
 
-Which steps a driver kills at comes from :func:`choose_kill_points`: every step where a save
+Which steps a driver kills at comes from `choose_kill_points()`: every step where a save
 commits (a rename, a swap, a removal) and the steps next to it, the first step, and an even spread of
 the rest up to a budget. ``ACCEL_KILL_POINTS=all`` (the ``slow`` nox session) takes every step.
 """
@@ -106,7 +106,7 @@ COMMIT_STEPS = ("rename", "replace", "rmtree", "remove", "unlink", "link", "exch
 def choose_kill_points(labels: Sequence[str], budget: int = 24, every: bool | None = None) -> list[int]:
     """The steps (1-based) a driver kills at, in order.
 
-    Every step whose label names a commit (:data:`COMMIT_STEPS`), with the step before and after it,
+    Every step whose label names a commit (`COMMIT_STEPS`), with the step before and after it,
     and the first step; then an even spread of the other steps until ``budget`` points are chosen.
     Commit points are kept even past the budget: they are where a mix of two saves would show.
 

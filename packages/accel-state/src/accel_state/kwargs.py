@@ -14,7 +14,7 @@ from typing import Any
 
 @contextlib.contextmanager
 def without_launcher_variables() -> Iterator[None]:
-    """Hide the launcher's variables (``ACCELERATE_*``, ``FSDP_*`` and the rest of :mod:`env_vars`) for
+    """Hide the launcher's variables (``ACCELERATE_*``, ``FSDP_*`` and the rest of `env_vars`) for
     the duration of the block, then put them back."""
     from accel_state.env_vars import ENV_VARS
 

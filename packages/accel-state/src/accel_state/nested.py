@@ -164,7 +164,7 @@ def send_to_device(
 
 
 def get_data_structure(data: Any) -> Any:
-    """``data`` with each tensor replaced by its :class:`TensorInformation`.
+    """``data`` with each tensor replaced by its `TensorInformation`.
 
     Args:
         data: A tensor, or a nested list / tuple / dict of tensors (other leaves are kept as they are).
@@ -182,7 +182,7 @@ def get_shape(data: Any) -> Any:
 
 
 def initialize_tensors(data_structure: Any) -> Any:
-    """Empty tensors matching a structure of :class:`TensorInformation`.
+    """Empty tensors matching a structure of `TensorInformation`.
 
     Args:
         data_structure: A nested structure of `TensorInformation`.
@@ -229,7 +229,7 @@ def find_batch_size(data: Any) -> int:
 
 
 def ignorant_find_batch_size(data: Any) -> int | None:
-    """Like :func:`find_batch_size`, but ``None`` instead of an error.
+    """Like `find_batch_size()`, but ``None`` instead of an error.
 
     Args:
         data: A tensor, or a nested list / tuple / dict of tensors (other leaves are kept as they are).
@@ -333,7 +333,7 @@ class ConvertOutputsToFp32:
 
 
 def convert_outputs_to_fp32(model_forward: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorator form of :class:`ConvertOutputsToFp32`.
+    """Decorator form of `ConvertOutputsToFp32`.
 
     Args:
         model_forward: The `forward` function whose outputs are converted.

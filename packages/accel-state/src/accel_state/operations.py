@@ -3,7 +3,7 @@
 Each is a no-op (or the obvious identity) in a single process, and a clear error when the launcher
 says there are several processes but ``torch.distributed`` was never initialised. In debug mode
 (``ACCELERATE_DEBUG_MODE=1``) the processes first compare the shapes they are about to send and
-all raise :class:`DistributedOperationException`, naming every rank's shapes, instead of hanging.
+all raise `DistributedOperationException`, naming every rank's shapes, instead of hanging.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def verify_operation(function: F) -> F:
 
 
 def chained_operation(function: F) -> F:
-    """Re-raise a :class:`DistributedOperationException` from an inner collective with the outer name.
+    """Re-raise a `DistributedOperationException` from an inner collective with the outer name.
 
     Args:
         function: The collective to wrap.

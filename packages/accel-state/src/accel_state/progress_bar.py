@@ -15,9 +15,10 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
         main_process_only: Show the bar on the local main process only (disabled on the others).
     """
     from accel_state.imports import is_tqdm_available
+    from accel_state.install_hints import install_hint
 
     if not is_tqdm_available():
-        raise ImportError("accel.utils.tqdm needs tqdm: pip install tqdm")
+        raise ImportError(f"accel.utils.tqdm needs tqdm: {install_hint('tqdm')}")
     from tqdm.auto import tqdm as auto_tqdm
 
     if main_process_only:

@@ -92,7 +92,7 @@ def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torc
 
 
 def synchronize_rng_states(rng_types: Iterable[RNGType | str], generator: torch.Generator | None = None) -> None:
-    """Synchronise each generator named in ``rng_types`` (see :func:`synchronize_rng_state`).
+    """Synchronise each generator named in ``rng_types`` (see `synchronize_rng_state()`).
 
     Args:
         rng_types: The generators to synchronise (see `synchronize_rng_state`).

@@ -31,7 +31,7 @@ def _torch() -> Any:
 
 
 def is_initialized() -> bool:
-    """True once a :class:`PartialState` has been set up in this process."""
+    """True once a `PartialState` has been set up in this process."""
     return PartialState._shared_state.get("_initialized", False)
 
 
@@ -358,9 +358,9 @@ _PLUGIN_TYPES = {
 
 
 class AcceleratorState:
-    """Everything :class:`PartialState` knows, plus mixed precision and the parallelism plugins.
+    """Everything `PartialState` knows, plus mixed precision and the parallelism plugins.
 
-    Attributes not defined here (``device``, ``num_processes``, ...) come from :class:`PartialState`.
+    Attributes not defined here (``device``, ``num_processes``, ...) come from `PartialState`.
 
     Args:
         mixed_precision: `no`, `fp16`, `bf16` or `fp8`; `None` reads `ACCELERATE_MIXED_PRECISION` (default

@@ -13,6 +13,9 @@ extension) keep using CPU, they are slow, not hung, and the wait goes on; on a l
 long call therefore does not fail for want of CPU. A hang (ranks blocked in a collective or a lock,
 using no CPU) fails after ``timeout`` seconds as before. A rank that spins forever is left to the
 test runner's own limit (pytest-timeout). Where ``/proc`` is missing, ``timeout`` is wall time.
+
+Smaller helpers shared by the test suites: ``reset_shared_state``, ``free_port``, and
+``pickle_record_span`` for the damaged-checkpoint tests of accel-bigmodel and accel-train.
 """
 
 from __future__ import annotations
@@ -84,6 +87,33 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def pickle_record_span(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """``(start, length)``: where the bytes of the ``data.pkl`` record lie in a ``torch.save`` zip file.
+
+    Damaged-file tests garble bytes inside the pickle itself (not the zip's bookkeeping) to check that a
+    reader calls it damage; ``torch.save`` stores the record uncompressed, so these are the pickle's bytes.
+
+    Args:
+        path: A file written by ``torch.save`` (its zip format, the default).
+
+    Raises:
+        ValueError: the file is not a zip holding a ``data.pkl`` record.
+    """
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            info = next((i for i in archive.infolist() if i.filename.endswith("/data.pkl")), None)
+    except zipfile.BadZipFile:
+        info = None
+    if info is None:
+        raise ValueError(f"{os.fspath(path)!r} is not a torch.save zip with a data.pkl record")
+    with open(path, "rb") as handle:
+        handle.seek(info.header_offset + 26)  # the local header's name and extra-field lengths
+        name_len, extra_len = int.from_bytes(handle.read(2), "little"), int.from_bytes(handle.read(2), "little")
+    return info.header_offset + 30 + name_len + extra_len, info.compress_size
 
 
 def _rank_env(rank: int, world_size: int, port: int, extra: Mapping[str, str] | None) -> dict[str, str]:

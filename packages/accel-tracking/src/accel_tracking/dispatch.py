@@ -1,6 +1,6 @@
 """Calling several trackers as one: each gets its turn even when another fails, and failures name the tracker.
 
-``Accelerator.log`` / ``end_training`` call :func:`log_to_all` / :func:`finish_all`: a tracker that raises
+``Accelerator.log`` / ``end_training`` call `log_to_all()` / `finish_all()`: a tracker that raises
 does not keep the values from the trackers after it, and the error raised at the end says which
 tracker(s) failed and why (the first failure is chained as ``__cause__``).
 """
@@ -78,7 +78,7 @@ def log_to_all(
 
     Tensors and numpy scalars are turned into numbers once, and each tracker receives its own copy of
     the values. A tracker that raises is skipped and the others still log; at the end a
-    :class:`TrackerError` names every failed tracker (``raise_errors=False``: the failures are logged
+    `TrackerError` names every failed tracker (``raise_errors=False``: the failures are logged
     and returned instead). Returns ``{tracker name: exception}`` for the failures (empty when all logged).
 
     Args:
@@ -108,7 +108,7 @@ def log_to_all(
 def store_config_to_all(
     trackers: Iterable[GeneralTracker], config: Mapping[str, Any], raise_errors: bool = True
 ) -> dict[str, BaseException]:
-    """``store_init_configuration(config)`` on every tracker, with the same isolation as :func:`log_to_all`.
+    """``store_init_configuration(config)`` on every tracker, with the same isolation as `log_to_all()`.
 
     Args:
         trackers: The trackers (started `GeneralTracker` instances).
@@ -120,7 +120,7 @@ def store_config_to_all(
 
 
 def start_all(trackers: Iterable[GeneralTracker], raise_errors: bool = True) -> dict[str, BaseException]:
-    """``start()`` on every tracker (those without one are skipped), isolated like :func:`log_to_all`.
+    """``start()`` on every tracker (those without one are skipped), isolated like `log_to_all()`.
 
     Args:
         trackers: The trackers (started `GeneralTracker` instances).
@@ -137,7 +137,7 @@ def start_all(trackers: Iterable[GeneralTracker], raise_errors: bool = True) -> 
 
 
 def finish_all(trackers: Iterable[GeneralTracker], raise_errors: bool = True) -> dict[str, BaseException]:
-    """``finish()`` on every tracker: all are finished even when one fails; then a :class:`TrackerError`.
+    """``finish()`` on every tracker: all are finished even when one fails; then a `TrackerError`.
 
     The built-in trackers' ``finish`` is idempotent, so calling this twice is harmless.
 

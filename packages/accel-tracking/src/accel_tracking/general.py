@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from accel_state.install_hints import install_hint
 from accel_tracking.values import normalize_config, normalize_values, to_python
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ class GeneralTracker:
     property returning the backend's own run object. It implements ``store_init_configuration(values)``
     and ``log(values, step=None, **kwargs)`` and, when the backend needs it, ``start()`` (called once
     before the first use) and ``finish()``. ``main_process_only`` (default ``True``) says whether the
-    methods decorated with :func:`on_main_process` run on the main process only.
+    methods decorated with `on_main_process()` run on the main process only.
     """
 
     main_process_only: bool = True
@@ -260,7 +261,7 @@ def require_installed(tracker: BackendTracker) -> None:
     if not is_backend_available(tracker.extra):
         raise ImportError(
             f"The {tracker.name} tracker needs the `{tracker.library or tracker.extra}` library, which is not "
-            f'installed: pip install "accel-tracking[{tracker.extra}]"'
+            f"installed: {install_hint('accel-tracking', tracker.extra)}"
         )
 
 

@@ -8,6 +8,7 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
+from accel_state.install_hints import install_hint
 from accel_tracking.general import GeneralTracker, is_backend_available
 from accel_tracking.logger_type import LoggerType
 from accel_tracking.trackers.aim import AimTracker
@@ -35,7 +36,7 @@ LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
     "trackio": TrackioTracker,
     "jsonl": JSONLTracker,
 }
-"""Tracker name (``log_with="..."``) -> tracker class; :func:`register_tracker_class` adds to it."""
+"""Tracker name (``log_with="..."``) -> tracker class; `register_tracker_class()` adds to it."""
 
 
 def get_available_trackers() -> list[LoggerType]:
@@ -58,7 +59,7 @@ class NotATrackerClassError(TypeError, ValueError):
 def register_tracker_class(tracker_class: type[GeneralTracker]) -> type[GeneralTracker]:
     """Make a custom tracker usable by name in ``log_with`` (``Accelerator(log_with="my_tracker")``).
 
-    The class must subclass :class:`GeneralTracker` and define ``name`` and ``requires_logging_directory``.
+    The class must subclass `GeneralTracker` and define ``name`` and ``requires_logging_directory``.
     It is built as ``cls(project_name, logging_dir, **init_kwargs)`` when it requires a directory, else
     ``cls(project_name, **init_kwargs)``. Registering a name again replaces the earlier class (with a
     warning). Returns the class, so it can be used as a decorator.
@@ -174,5 +175,5 @@ def _check_installed(name: str) -> None:
     extra = getattr(LOGGER_TYPE_TO_CLASS[name], "extra", "")
     if extra and not is_backend_available(extra):
         raise ImportError(
-            f'log_with asks for {name!r}, whose library is not installed: pip install "accel-tracking[{extra}]"'
+            f"log_with asks for {name!r}, whose library is not installed: {install_hint('accel-tracking', extra)}"
         )

@@ -146,7 +146,7 @@ def scalar_config(config: Any, sep: str = "/") -> dict[str, Scalar]:
 
 
 def string_config(config: Any, sep: str = "/") -> dict[str, str]:
-    """Like :func:`scalar_config` with every value as text (for stores that keep strings only)."""
+    """Like `scalar_config()` with every value as text (for stores that keep strings only)."""
     return {key: value if isinstance(value, str) else str(value) for key, value in scalar_config(config, sep).items()}
 
 
@@ -165,7 +165,7 @@ def json_number(value: float) -> float | str:
 
 
 def strict_json(value: Any) -> Any:
-    """:func:`to_jsonable` plus strict-JSON floats, for files any JSON reader can parse."""
+    """`to_jsonable()` plus strict-JSON floats, for files any JSON reader can parse."""
     value = to_jsonable(value)
     if isinstance(value, float):
         return json_number(value)

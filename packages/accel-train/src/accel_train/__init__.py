@@ -4,7 +4,7 @@ Names load on first use (module ``__getattr__``): ``import accel_train`` does no
 
 Each backend is one folder under ``strategies/``. The module paths of earlier releases
 (``accel_train.fsdp_utils``, ``accel_train.deepspeed_utils``, ``accel_train.parallelism_config``, ...)
-stay importable: :data:`MOVED_MODULES` names the real module behind each, and importing the old path
+stay importable: `MOVED_MODULES` names the real module behind each, and importing the old path
 gives that very module object (so ``mock.patch("accel_train.fsdp_utils.X")`` patches the running code).
 """
 
@@ -54,7 +54,7 @@ class _MovedLoader(importlib.abc.Loader):
 
 
 class _MovedFinder(importlib.abc.MetaPathFinder):
-    """Finds the old module paths of :data:`MOVED_MODULES` (nothing else)."""
+    """Finds the old module paths of `MOVED_MODULES` (nothing else)."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
@@ -104,6 +104,7 @@ _export(
     "ParallelismConfig",
     "TorchTensorParallelConfig",
     "TorchContextParallelConfig",
+    "PipelineParallelConfig",
     "DeepSpeedSequenceParallelConfig",
     "BackendNotAvailableError",
 )
@@ -207,7 +208,7 @@ def meta_exports() -> dict[str, dict[str, str]]:
     """This package's tables for the meta-package: ``TOP_LEVEL`` / ``UTILS`` (name -> module) and
     ``MODULES`` (documented path -> module), with full module names.
 
-    Imports the modules of :data:`META_UTILS_ALL_OF` (to read their ``__all__``): for the generator
+    Imports the modules of `META_UTILS_ALL_OF` (to read their ``__all__``): for the generator
     and the tests, never at import time.
     """
     full = {name: f"{__name__}.{module}" for name, module in _EXPORTS.items()}

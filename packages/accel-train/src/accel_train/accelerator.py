@@ -1,14 +1,14 @@
 """The ``Accelerator``: one object that adapts a PyTorch training loop to the launch configuration.
 
-It is a facade. :mod:`accel_train.connector` builds its three components from the arguments, the
+It is a facade. `accel_train.connector` builds its three components from the arguments, the
 plugins and the environment the launcher wrote: a **strategy** (how models are spread over
-processes: :mod:`accel_train.strategies`), a **precision** (:mod:`accel_train.precisions`) and a
+processes: `accel_train.strategies`), a **precision** (`accel_train.precisions`) and a
 **checkpoint I/O**. Every method below delegates to them, without branching on the backend.
 The Accelerator is a facade over named public components (``accel_train.components``), each of which
-defines and documents its methods: checkpoints in :class:`~accel_train.components.checkpointer.Checkpointer`,
-collectives in :class:`~accel_train.components.process_ops.ProcessOperations`, trackers in
-:class:`~accel_train.components.trackers.Trackers` and the read-only attributes in
-:class:`~accel_train.components.attributes.AcceleratorAttributes`.
+defines and documents its methods: checkpoints in `Checkpointer`,
+collectives in `ProcessOperations`, trackers in
+`Trackers` and the read-only attributes in
+`AcceleratorAttributes`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 from accel_data.config import DataLoaderConfiguration
 from accel_state import env_vars
 from accel_state.enums import PrecisionType, RNGType
+from accel_state.install_hints import install_hint
 from accel_state.kwargs import InitProcessGroupKwargs, KwargsHandler
 from accel_state.state import GradientState
 from accel_train import connector
@@ -49,7 +50,20 @@ if TYPE_CHECKING:
 
 __all__ = ["Accelerator", "DataLoaderConfiguration"]
 
-_UNSET: Any = object()
+
+class _FromDataLoaderConfig:
+    """The default of ``Accelerator(split_batches=...)``: not given, so ``dataloader_config`` decides.
+
+    A named object rather than ``None``, so that an explicit value of any kind still overrides the
+    configuration; its name is what signatures, ``help()`` and the API reference show.
+    """
+
+    def __repr__(self) -> str:
+        return "FROM_DATALOADER_CONFIG"
+
+
+#: ``split_batches`` was not given: keep ``dataloader_config.split_batches`` (`False` by default).
+FROM_DATALOADER_CONFIG: Any = _FromDataLoaderConfig()
 
 
 def _prepared_loader_types() -> tuple[type, ...]:
@@ -83,10 +97,11 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
     Args:
         device_placement: move prepared models and batches to the run's device (default `True`).
         split_batches: split each batch of the data loaders across processes instead of giving each
-            process its own batch; when unset, the value of ``dataloader_config`` is kept.
+            process its own batch. The default, ``FROM_DATALOADER_CONFIG``, keeps the value of
+            ``dataloader_config`` (`False` unless that says otherwise); `True` or `False` overrides it.
         mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``; `None` takes the launch configuration.
         gradient_accumulation_steps: number of steps to accumulate gradients over before the
-            optimizer steps (default `1`); used with :meth:`accumulate`.
+            optimizer steps (default `1`); used with `accumulate()`.
         cpu: run on the CPU even when an accelerator is available (default `False`).
         dataloader_config: a ``DataLoaderConfiguration`` for how data loaders are prepared (default `None`).
         deepspeed_plugin: a ``DeepSpeedPlugin`` (or dict of them) configuring DeepSpeed (default `None`).
@@ -127,7 +142,7 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
     def __init__(
         self,
         device_placement: bool = True,
-        split_batches: bool = _UNSET,
+        split_batches: bool = FROM_DATALOADER_CONFIG,
         mixed_precision: PrecisionType | str | None = None,
         gradient_accumulation_steps: int = 1,
         cpu: bool = False,
@@ -205,7 +220,7 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         # Data loaders.
         if dataloader_config is None:
             dataloader_config = DataLoaderConfiguration()
-        if split_batches is not _UNSET:
+        if split_batches is not FROM_DATALOADER_CONFIG:
             dataloader_config.split_batches = split_batches
         self.dataloader_config = dataloader_config
 
@@ -473,7 +488,7 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         """With ``save_on_preemption``: if any process received SIGTERM, save a checkpoint on every
         process and exit with status 143; otherwise return at once.
 
-        :meth:`accumulate` calls it when a step starts. A loop without ``accumulate`` calls it first
+        `accumulate()` calls it when a step starts. A loop without ``accumulate`` calls it first
         thing in the loop body (after the batch was read: the checkpoint resumes at that batch).
         Every process must call it at the same step (it is a collective).
         """
@@ -536,7 +551,7 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
 
     @contextlib.contextmanager
     def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
-        """Make the next backward of ``model`` synchronise gradients, even inside :meth:`no_sync`.
+        """Make the next backward of ``model`` synchronise gradients, even inside `no_sync()`.
 
         Args:
             model: the prepared model whose next backward synchronizes gradients.
@@ -614,7 +629,7 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         from accel_state.imports import is_lomo_available
 
         if not is_lomo_available():
-            raise ImportError("lomo_backward needs the LOMO optimizers: pip install lomo-optim")
+            raise ImportError(f"lomo_backward needs the LOMO optimizers: {install_hint('lomo-optim')}")
         from lomo_optim import AdaLomo, Lomo
 
         found = False
@@ -717,7 +732,7 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         return False
 
     def free_memory(self, *objects: Any) -> list[None]:
-        """Drop the references this Accelerator holds, collect garbage and reset :attr:`step`.
+        """Drop the references this Accelerator holds, collect garbage and reset `step`.
 
         Args:
             *objects: objects to release as well (the caller should rebind them to the returned values).

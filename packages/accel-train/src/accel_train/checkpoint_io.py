@@ -21,8 +21,8 @@ file                      format
 ========================  ==========================================================================
 
 The names of the documented layout are kept (``random_states_{rank}`` gets the ``.safetensors``
-suffix since it is no longer a pickle). A damaged file raises :class:`~accel_state.errors.CorruptCheckpointError`
-(:mod:`accel_train.checkpoint.integrity`), one that would run code :class:`UnsafeCheckpointError`.
+suffix since it is no longer a pickle). A damaged file raises `CorruptCheckpointError`
+(`accel_train.checkpoint.integrity`), one that would run code `UnsafeCheckpointError`.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def save_torch(obj: Any, path: str) -> None:
 
 def load_torch(path: str, map_location: Any = "cpu") -> Any:
     """``torch.load(weights_only=True)``: tensors and plain values only; any other pickle is refused
-    (:class:`UnsafeCheckpointError`), a damaged file named (:class:`CorruptCheckpointError`).
+    (`UnsafeCheckpointError`), a damaged file named (`CorruptCheckpointError`).
 
     Args:
         path: the ``torch.save`` file.
@@ -160,7 +160,7 @@ def save(
 
 
 def load(f: str | os.PathLike[str], map_location: Any = None, **kwargs: Any) -> Any:
-    """Load what :func:`save` wrote (``accel.utils.load``): ``torch.load`` with ``weights_only=True`` unless
+    """Load what `save()` wrote (``accel.utils.load``): ``torch.load`` with ``weights_only=True`` unless
     ``weights_only=False`` is passed; a ``.safetensors`` file is read with safetensors.
 
     Args:
@@ -177,11 +177,11 @@ def load(f: str | os.PathLike[str], map_location: Any = None, **kwargs: Any) -> 
 
 
 def load_weights(path: str, device: Any = "cpu") -> dict[str, torch.Tensor]:
-    """Read a model state dict written by :func:`save_weights` (or a reference checkpoint); a damaged
-    file raises :class:`CorruptCheckpointError` before any tensor is read.
+    """Read a model state dict written by `save_weights()` (or a reference checkpoint); a damaged
+    file raises `CorruptCheckpointError` before any tensor is read.
 
     Args:
-        path: a ``.safetensors`` file, or a ``torch.save`` file (read as :func:`load_torch` does).
+        path: a ``.safetensors`` file, or a ``torch.save`` file (read as `load_torch()` does).
         device: where tensors are placed.
     """
     if path.endswith(".safetensors"):
@@ -278,8 +278,8 @@ def save_rng(path: str, extra_generators: Mapping[str, torch.Generator] | None =
 
 
 def load_rng(path: str, extra_generators: Mapping[str, torch.Generator] | None = None) -> None:
-    """Restore every generator saved by :func:`save_rng` (those absent here are skipped); a damaged file
-    raises :class:`CorruptCheckpointError` before any generator changes.
+    """Restore every generator saved by `save_rng()` (those absent here are skipped); a damaged file
+    raises `CorruptCheckpointError` before any generator changes.
 
     Args:
         path: the ``random_states_{rank}.safetensors`` file.
@@ -325,7 +325,7 @@ def write_manifest(folder: str, content: dict[str, Any]) -> None:
 
 def read_manifest(folder: str) -> dict[str, Any] | None:
     """The manifest of ``folder`` (``None`` when it has none); not JSON, or not the manifest's structure, it
-    raises :class:`CorruptCheckpointError`.
+    raises `CorruptCheckpointError`.
 
     Args:
         folder: the checkpoint folder.
@@ -398,7 +398,7 @@ class CheckpointIO:
         engine.save_checkpoint(folder, tag=tag, client_state={}, save_latest=False)
 
     def load_engine(self, engine: Any, folder: str, tag: str, strict: bool = True) -> None:
-        """Read ``folder/tag`` (written by :meth:`save_engine`) into the engine, optimizer and scheduler included."""
+        """Read ``folder/tag`` (written by `save_engine()`) into the engine, optimizer and scheduler included."""
         path, _ = engine.load_checkpoint(
             folder,
             tag=tag,
@@ -457,7 +457,7 @@ class CheckpointIO:
     def load_sharded_whole(self, folder: str) -> dict[str, Any]:
         """Every tensor of the DCP folder ``folder``, read whole on this one process (no process group).
 
-        The folder is checked first (:meth:`check_sharded`), then read with the allow-list reader and a
+        The folder is checked first (`check_sharded()`), then read with the allow-list reader and a
         planner that unpickles with ``weights_only=True``: nothing in it runs.
         """
         from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
@@ -475,8 +475,8 @@ class CheckpointIO:
 
     def check_file(self, path: str) -> None:
         """Refuse a ``torch.save`` file whose pickle names anything but tensors, plain values and
-        :attr:`allowed_globals` (:class:`UnsafeCheckpointError`), or that is damaged
-        (:class:`CorruptCheckpointError`); reads no tensor data.
+        `allowed_globals` (`UnsafeCheckpointError`), or that is damaged
+        (`CorruptCheckpointError`); reads no tensor data.
 
         Args:
             path: the file.
@@ -492,7 +492,7 @@ class CheckpointIO:
 
     def sharded_checks(self, folder: str, verified: set[bytes] | None = None) -> list[tuple[str, Any]]:
         """The checks of a DCP folder, one per item, as ``(label, check)`` (see
-        :func:`~accel_train.checkpoint_safety.dcp_folder_checks`); its ``.metadata`` is read and checked
+        `dcp_folder_checks()`); its ``.metadata`` is read and checked
         here, so a refused metadata, a missing or a short data file raises at once.
 
         Args:

@@ -3,20 +3,20 @@
 Three formats reach a pickle reader somewhere below accel:
 
 * ``torch.save`` zips (optimizer files, DeepSpeed's ``*_model_states.pt`` / ``*_optim_states.pt``, the
-  slices inside a ``torch.distributed.checkpoint`` ``.distcp`` file). :func:`check_torch_file` reads
+  slices inside a ``torch.distributed.checkpoint`` ``.distcp`` file). `check_torch_file()` reads
   their pickle with ``torch.load(weights_only=True)`` onto the ``meta`` device (no tensor bytes are
   read), with an explicit allow-list of the extra classes the backend needs.
 * ``torch.distributed.checkpoint``'s ``.metadata``, which torch reads with ``pickle.load``:
-  :func:`read_dcp_metadata` reads it with an unpickler that resolves only the classes DCP writes.
+  `read_dcp_metadata()` reads it with an unpickler that resolves only the classes DCP writes.
 * DCP's non-tensor items (``BYTE_IO``: step counters, learning rates ...), which torch's default
-  planner reads with ``torch.load(weights_only=False)``: :class:`SafeLoadPlanner` reads them with
-  ``weights_only=True``, and :func:`dcp_folder_checks` checks every item before anything is loaded, so a
+  planner reads with ``torch.load(weights_only=False)``: `SafeLoadPlanner` reads them with
+  ``weights_only=True``, and `dcp_folder_checks()` checks every item before anything is loaded, so a
   refused folder leaves the model and optimizer untouched.
 
-A refused file raises :class:`~accel_state.errors.UnsafeCheckpointError` naming the file and
+A refused file raises `UnsafeCheckpointError` naming the file and
 the Python global it asked for; nothing of it was executed. A damaged file (a zip cut short, a CRC
-that differs, a pickle that ends early) raises :class:`~accel_state.errors.CorruptCheckpointError`
-instead (:mod:`accel_train.checkpoint.integrity`). :func:`run_checks` shares the checks of a
+that differs, a pickle that ends early) raises `CorruptCheckpointError`
+instead (`accel_train.checkpoint.integrity`). `run_checks()` shares the checks of a
 folder that all processes load out between them (each checks a slice) and gives every process the
 same verdict in one collective.
 """
@@ -158,7 +158,7 @@ def check_torch_stream(stream: BinaryIO, path: str, allowed: Iterable[Any] = ())
 
 
 def check_torch_file(path: str | os.PathLike[str], allowed: Iterable[Any] = ()) -> None:
-    """:func:`check_torch_stream` on the file ``path``."""
+    """`check_torch_stream()` on the file ``path``."""
     path = os.fspath(path)
     with open(path, "rb") as stream:
         check_torch_stream(stream, path, allowed)
@@ -253,7 +253,7 @@ def _dcp_reader_class() -> type:
     from torch.distributed.checkpoint.metadata import StorageMeta
 
     class _SafeFileSystemReader(FileSystemReader):  # type: ignore[misc]
-        """``FileSystemReader`` whose ``.metadata`` goes through :func:`read_dcp_metadata`."""
+        """``FileSystemReader`` whose ``.metadata`` goes through `read_dcp_metadata()`."""
 
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             path = self._get_metadata_path(kwargs.get("rank"))
@@ -432,7 +432,7 @@ def _zip_pickle(fd: int, offset: int, length: int) -> bytes | None:
 def _check_dcp_item(path: str, offset: int, length: int, verified: set[bytes]) -> None:
     """Check one item of a ``.distcp`` file (a ``torch.save`` zip at ``offset``), its tensors onto ``meta``.
 
-    The item's pickle (``data.pkl``) is found as torch's zip reader finds it (:func:`_zip_pickle`, or
+    The item's pickle (``data.pkl``) is found as torch's zip reader finds it (`_zip_pickle()`, or
     torch's reader itself for an unusual zip) and judged by torch's weights-only unpickler. An item
     whose pickle is byte for byte one already judged gets the same verdict without unpickling it
     again: the exp_avg and exp_avg_sq shards of a parameter share the weight's pickle.
@@ -461,7 +461,7 @@ def dcp_folder_checks(folder: str | os.PathLike[str], verified: set[bytes] | Non
     allow-list, a data file outside the folder, a missing data file and one shorter than the items it
     should hold. Each returned check reads one item's pickle with ``weights_only=True`` (its tensors onto
     ``meta``, their bytes unread); the checks can be shared out between processes
-    (:func:`run_checks`).
+    (`run_checks()`).
 
     Args:
         folder: the DCP folder (``pytorch_model_fsdp_0/``, ``optimizer_0/`` ...).

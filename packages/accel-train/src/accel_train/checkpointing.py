@@ -4,7 +4,7 @@ A checkpoint is written into a hidden sibling folder ``.<name>.partial`` and ren
 once every process has finished its files, so a process killed during ``save_state`` leaves the
 previous checkpoint intact and nothing that ``load_state`` would pick. ``total_limit`` removes older
 checkpoints only after the new one is complete. Loading never unpickles objects (see
-:mod:`accel_train.checkpoint_io` for the formats) and checks that the folder holds what this
+`accel_train.checkpoint_io` for the formats) and checks that the folder holds what this
 Accelerator prepared, listing what is missing or extra.
 """
 
@@ -276,9 +276,9 @@ def check_contents(
     manifest: dict[str, Any] | None,
     layout: dict[str, Any] | None = None,
 ) -> list[str]:
-    """Model entries by index; raise :class:`CheckpointMismatchError` listing what is missing or extra.
+    """Model entries by index; raise `CheckpointMismatchError` listing what is missing or extra.
 
-    ``layout`` maps ``"model"`` / ``"optimizer"`` to the strategy's :class:`CheckpointEntry` (pattern
+    ``layout`` maps ``"model"`` / ``"optimizer"`` to the strategy's `CheckpointEntry` (pattern
     and name of each entry); without it the documented single-file names are expected.
     """
     entries = os.listdir(folder)
@@ -358,14 +358,14 @@ def check_folder(folder: str, io_: Any, distributed: bool = False, ranks: Sequen
     """Check every file a load of ``folder`` reads before anything is loaded, so that a refused or damaged
     file leaves the model and optimizer untouched: ``torch.save`` files of the layout (``io_.check_file``),
     safetensors weights and the random states and gradients of ``ranks`` (their headers:
-    :mod:`~accel_train.checkpoint.integrity`), DCP folders (``io_.sharded_checks``: metadata and every
+    `integrity`), DCP folders (``io_.sharded_checks``: metadata and every
     item) and a backend's own sub-folders (every ``.pt`` / ``.bin`` / ``.pkl`` in them, a DeepSpeed tag for
     example). With ``distributed`` and a folder that the processes read together (sharded or engine state),
-    each process checks its share and all raise the same error (:func:`~accel_train.checkpoint_safety.run_checks`).
+    each process checks its share and all raise the same error (`run_checks()`).
 
     Args:
         folder: the checkpoint folder.
-        io_: the :class:`~accel_train.checkpoint_io.CheckpointIO` whose checks apply.
+        io_: the `CheckpointIO` whose checks apply.
         distributed: whether every process of the run calls this on the same folder.
         ranks: the processes whose own files (random states, gradients) this load reads; all present when
             not given.
@@ -634,7 +634,7 @@ def load_accelerator_state(
     load_kwargs: dict[str, Any] | None = None,
     **load_model_func_kwargs: Any,
 ) -> dict[str, Any]:
-    """Restore what :func:`save_accelerator_state` wrote into the given objects (never unpickling);
+    """Restore what `save_accelerator_state()` wrote into the given objects (never unpickling);
     returns the attributes to override on the caller (none are kept by accel: an empty dict)."""
     folder = os.fspath(input_dir)
     device = map_location if map_location not in (None, "on_device") else "cpu"

@@ -6,7 +6,7 @@ are checked. In order:
 1. kwargs handlers are sorted into their slots (one of each kind);
 2. plugins are completed from the environment ``accel launch`` wrote (a plugin the script did not
    pass is built when its ``ACCELERATE_USE_*`` variable is set; each plugin reads its own fields);
-3. the shared :class:`~accel_state.state.AcceleratorState` is set up (process group, device);
+3. the shared `AcceleratorState` is set up (process group, device);
 4. the strategy class is chosen by name from the distributed type (and the parallelism config), the
    precision class from ``mixed_precision``; each validates the pair once;
 5. the precision is built (with the strategy's gradient scaler), then the strategy around it.
@@ -31,7 +31,7 @@ from accel_train.strategies.base import Strategy
 
 __all__ = ["HANDLER_SLOTS", "Components", "build", "handler_classes", "sort_handlers"]
 
-#: Kwargs handler class name (in :mod:`accel_train.kwargs_handlers`, or accel-state's
+#: Kwargs handler class name (in `accel_train.kwargs_handlers`, or accel-state's
 #: ``InitProcessGroupKwargs``) -> the Accelerator attribute that holds it.
 HANDLER_SLOTS: dict[str, str] = {
     "DistributedDataParallelKwargs": "ddp_handler",
@@ -68,7 +68,7 @@ class Components:
 
 
 def sort_handlers(kwargs_handlers: list[KwargsHandler] | None) -> dict[str, Any]:
-    """``{slot: handler}`` for every slot of :data:`HANDLER_SLOTS` (``None`` when not given)."""
+    """``{slot: handler}`` for every slot of `HANDLER_SLOTS` (``None`` when not given)."""
     slots: dict[str, Any] = dict.fromkeys(HANDLER_SLOTS.values())
     if not kwargs_handlers:
         return slots

@@ -27,7 +27,7 @@ _SUPPORTED = {
 class LocalSGD:
     """Context manager: DDP gradient sync is off inside; parameters are averaged every ``local_sgd_steps``.
 
-    Call :meth:`step` after each optimizer step. On exit the parameters are averaged once more.
+    Call `step()` after each optimizer step. On exit the parameters are averaged once more.
 
     Args:
         accelerator: the Accelerator of the run.

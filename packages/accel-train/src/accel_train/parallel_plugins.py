@@ -1,8 +1,8 @@
 """The parallelism plugins under one name, and the error for a backend that is not available.
 
-Each plugin lives in its own module (:mod:`~accel_train.strategies.fsdp.plugin`, :mod:`~accel_train.strategies.deepspeed.plugin`,
-:mod:`~accel_train.strategies.megatron.plugin`, :mod:`~accel_train.strategies.nd.config`); this module gathers them
-for code that imports them from one place.
+Each plugin lives in its own module (`plugin`, `plugin`,
+`plugin`, `config`,
+`config`); this module gathers them for code that imports them from one place.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from accel_train.strategies.nd.config import (
     TorchTensorParallelConfig,
     TorchTensorParallelPlugin,
 )
+from accel_train.strategies.pipeline.config import PipelineParallelConfig
 
 __all__ = [
     "BackendNotAvailableError",
@@ -25,6 +26,7 @@ __all__ = [
     "FullyShardedDataParallelPlugin",
     "MegatronLMPlugin",
     "ParallelismConfig",
+    "PipelineParallelConfig",
     "TorchContextParallelConfig",
     "TorchTensorParallelConfig",
     "TorchTensorParallelPlugin",

@@ -1,7 +1,7 @@
 """Reading plugin fields from the environment that ``accel launch`` writes.
 
 A plugin field left ``None`` in code takes the value of its variable (declared once in
-:mod:`accel_state.env_vars`) when the launcher set it, else the documented default. So
+`accel_state.env_vars`) when the launcher set it, else the documented default. So
 ``accel launch --config_file fsdp.yaml script.py`` and ``FullyShardedDataParallelPlugin()`` in the
 script agree without the script repeating the file.
 """

@@ -5,7 +5,7 @@ job a little later. With ``ProjectConfiguration(save_on_preemption=True)`` the A
 handler that only records the request. At the start of the next step (``accelerator.accumulate``)
 the processes agree (one all-reduce of a flag, so that all of them stop at the same step even when
 the signal reached them at different moments), save a checkpoint, and exit with
-:data:`PREEMPTION_EXIT_CODE`. The next run resumes from that checkpoint with ``load_state()``.
+`PREEMPTION_EXIT_CODE`. The next run resumes from that checkpoint with ``load_state()``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class PreemptionWatch:
         return True
 
     def uninstall(self) -> None:
-        """Put back the handlers that were there before :meth:`install`."""
+        """Put back the handlers that were there before `install()`."""
         for sig, previous in self._previous.items():
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         self._previous = {}

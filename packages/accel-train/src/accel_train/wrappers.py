@@ -1,7 +1,7 @@
 """Model wrappers: ``torch.compile`` (whole model or repeated regions) and peeling wrappers off.
 
 Strategies wrap the user's model (DDP, FSDP1, a DeepSpeed engine) and ``torch.compile`` wraps it
-again; :func:`unwrap_model` gives the user's module back from any of them. Wrapper classes are
+again; `unwrap_model()` gives the user's module back from any of them. Wrapper classes are
 recognised by name, so that unwrapping never imports DeepSpeed or FSDP.
 """
 
@@ -98,7 +98,7 @@ def compile_regions(model: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.M
 
 
 def compile_regions_in_place(model: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
-    """Like :func:`compile_regions`, but with ``nn.Module.compile``: every module keeps its identity, as
+    """Like `compile_regions()`, but with ``nn.Module.compile``: every module keeps its identity, as
     a DeepSpeed engine or FSDP2-sharded modules need.
 
     Args:
@@ -129,7 +129,7 @@ def compile_regions_in_place(model: torch.nn.Module, **compile_kwargs: Any) -> t
 
 
 def has_compiled_regions(model: Any) -> bool:
-    """True when some submodule (not the model itself) was compiled by :func:`compile_regions`.
+    """True when some submodule (not the model itself) was compiled by `compile_regions()`.
 
     Args:
         model: The model to inspect; anything other than a module gives `False`.

@@ -3,7 +3,7 @@
 An alias is the real module of the owning package under a second name in ``sys.modules`` (the same
 object, not a copy), so ``mock.patch("accel.utils.modeling.X")`` patches the code that runs.
 Submodules of an alias are aliases too. ``python -m accel.commands.<name>`` runs the real module's
-code as ``__main__`` through :meth:`AliasLoader.get_code`.
+code as ``__main__`` through `AliasLoader.get_code()`.
 """
 
 from __future__ import annotations

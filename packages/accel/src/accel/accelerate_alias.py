@@ -1,15 +1,15 @@
 """Opt-in: let libraries that ``import accelerate`` use accel, with the documented system not installed.
 
 Switch it on with the environment variable ``ACCEL_PROVIDE_ACCELERATE=1`` (read at interpreter start by
-the ``accel_provide_accelerate.pth`` file the meta-package installs), or call :func:`install` before the
+the ``accel_provide_accelerate.pth`` file the meta-package installs), or call `install()` before the
 library is imported. Then:
 
 - ``import accelerate`` is the ``accel`` module itself, and every ``accelerate.x.y`` is the module
   ``accel.x.y`` resolves to (the real module of the owning package): the same objects, not copies;
 - the package-metadata check such libraries make (``importlib.metadata.version("accelerate")``,
-  ``importlib.metadata.distribution("accelerate")``) answers with :data:`PROVIDED_VERSION`.
+  ``importlib.metadata.distribution("accelerate")``) answers with `PROVIDED_VERSION`.
 
-It refuses to shadow a real ``accelerate`` installation: :func:`install` then warns and does nothing.
+It refuses to shadow a real ``accelerate`` installation: `install()` then warns and does nothing.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class ProvidedDistribution(importlib.metadata.Distribution):
 
 
 class ProvidedDistributionFinder(importlib.metadata.DistributionFinder):
-    """Answers metadata queries for ``accelerate`` (and for "all distributions") with :class:`ProvidedDistribution`."""
+    """Answers metadata queries for ``accelerate`` (and for "all distributions") with `ProvidedDistribution`."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
         return None  # modules are the alias finder's job
@@ -115,5 +115,5 @@ def requested(environ: Any = None) -> bool:
 
 
 def install_if_requested() -> bool:
-    """What the ``.pth`` start-up hook runs: :func:`install` when :func:`requested`."""
+    """What the ``.pth`` start-up hook runs: `install()` when `requested()`."""
     return install() if requested() else False

@@ -44,7 +44,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The CLI: :func:`estimate_command`, a model that cannot be built as one line and exit status 1."""
+    """The CLI: `estimate_command()`, a model that cannot be built as one line and exit status 1."""
     import sys
 
     try:
@@ -91,7 +91,7 @@ def gather_data(args: argparse.Namespace) -> list[Any]:
 
 def verify_on_hub(repo: str, token: str | None = None) -> Any:
     """The Hub's model information for ``repo``, ``"gated"`` or ``"repo"`` (see
-    :func:`accel_bigmodel.estimate.verify_on_hub`)."""
+    `accel_bigmodel.estimate.verify_on_hub()`)."""
     from accel_bigmodel.estimate import verify_on_hub as verify
 
     return verify(repo, token)

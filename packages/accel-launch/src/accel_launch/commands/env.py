@@ -47,6 +47,14 @@ def _version(name: str) -> str:
         return "not installed"
 
 
+def _headline_version() -> str:
+    """The first line's version: the meta-package's, or, without it, the launcher's (said so)."""
+    meta = _version("accel")
+    if meta != "not installed":
+        return meta
+    return f"{_version('accel-launch')} (accel-launch; the accel meta-package is not installed)"
+
+
 def _memory_gib() -> str:
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -65,7 +73,7 @@ def environment_info(config_file: str | None = None) -> dict[str, Any]:
 
     machine = detect_machine()
     info: dict[str, Any] = {
-        "`accel` version": _version("accel") if _version("accel") != "not installed" else _version("accel-launch"),
+        "`accel` version": _headline_version(),
         "Platform": platform.platform(),
         "`accel` bash location": _which_accel(),
         "Python version": platform.python_version(),
@@ -81,7 +89,7 @@ def environment_info(config_file: str | None = None) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(0)
         info["GPU type"] = torch.cuda.get_device_name(0)
         info["GPU memory"] = f"{props.total_memory / 2**30:.2f} GiB"
-    for package in DISTRIBUTIONS:
+    for package in DISTRIBUTIONS[1:]:  # the meta-package's version is the first line
         info[f"{package} version"] = _version(package)
     info["config"] = _config_lines(config_file)
     return info

@@ -75,7 +75,7 @@ def plan_launch(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The CLI: :func:`launch_command`, with its errors as one clear line and exit status 2, and a failed
+    """The CLI: `launch_command()`, with its errors as one clear line and exit status 2, and a failed
     run's exit status passed on (the processes already said why)."""
     import subprocess
 
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def launch_command(args: argparse.Namespace) -> int:
-    """Run ``accel launch`` with arguments parsed by :func:`launch_command_parser` (for code that drives it).
+    """Run ``accel launch`` with arguments parsed by `launch_command_parser()` (for code that drives it).
 
     Args:
         args: the parsed arguments (flags not given are ``None``, as the parser leaves them).
@@ -104,7 +104,7 @@ def launch_command(args: argparse.Namespace) -> int:
 
     Raises:
         ValueError: flags or config values that cannot be used together or are out of range
-            (:class:`~accel_launch.values.ConfigError`, :class:`~accel_launch.runner.LaunchError`).
+            (`ConfigError`, `LaunchError`).
         FileNotFoundError: the training script, the program (``--no_python``) or the config file is missing.
         ConnectionError: the main process port is already taken on this machine.
         subprocess.CalledProcessError: the run ended with a non-zero exit status (``returncode``).

@@ -67,7 +67,7 @@ def convert_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 
 def convert_config_to_fsdp2(config: dict[str, Any]) -> dict[str, Any]:
-    """The FSDP2 version of ``config`` (the documented name of :func:`convert_config`, without the notes)."""
+    """The FSDP2 version of ``config`` (the documented name of `convert_config()`, without the notes)."""
     return convert_config(config)[0]
 
 
@@ -104,7 +104,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The CLI: :func:`to_fsdp2_command`, its errors as one line and exit status 2."""
+    """The CLI: `to_fsdp2_command()`, its errors as one line and exit status 2."""
     try:
         return to_fsdp2_command(args)
     except (ValueError, FileNotFoundError, FileExistsError) as error:

@@ -126,7 +126,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The CLI: :func:`tpu_command_launcher`, its errors as one line and exit status 2."""
+    """The CLI: `tpu_command_launcher()`, its errors as one line and exit status 2."""
     import subprocess
 
     try:
@@ -157,7 +157,7 @@ def tpu_command_launcher(args: argparse.Namespace) -> int:
         0 once gcloud has run the commands (or the line was printed).
 
     Raises:
-        ValueError: no TPU name, zone or command (:class:`TPUConfigError`), or an invalid config file.
+        ValueError: no TPU name, zone or command (`TPUConfigError`), or an invalid config file.
         FileNotFoundError: the config file, the command file or ``gcloud`` is missing.
         subprocess.CalledProcessError: gcloud ended with a non-zero exit status.
     """

@@ -69,7 +69,7 @@ def filter_linear_layers(module: nn.Module, fqn: str, layers_to_filter: list[str
 def filter_first_and_last_linear_layers(module: nn.Module, fqn: str) -> bool:
     """Module filter: convert every Linear layer with float8-compatible dimensions except the model's first and last.
 
-    The first and last layers are those of the model being converted by :func:`convert_model_to_fp8_ao`.
+    The first and last layers are those of the model being converted by `convert_model_to_fp8_ao()`.
 
     Args:
         module: The module being considered.
@@ -98,9 +98,9 @@ def convert_model_to_fp8_ao(
 ) -> nn.Module:
     """Swap ``model``'s Linear layers (in place) for torchao float8 layers; return the model.
 
-    ``config`` is a ``Float8LinearConfig`` (None: :func:`build_ao_config` defaults, emulated without
+    ``config`` is a ``Float8LinearConfig`` (None: `build_ao_config()` defaults, emulated without
     float8 hardware). ``module_filter_func(module, fqn)`` says which Linear layers to convert (None:
-    :func:`filter_first_and_last_linear_layers`).
+    `filter_first_and_last_linear_layers()`).
 
     Args:
         model: The model, converted in place.

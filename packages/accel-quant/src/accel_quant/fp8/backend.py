@@ -84,9 +84,9 @@ def choose_fp8_backend(
         installed = installed_fp8_backends()
         if not installed:
             raise ImportError(
-                "mixed_precision='fp8' needs an FP8 backend and none is installed: "
-                f"{_requirements.TORCHAO_INSTALL} (runs anywhere torch runs), {_requirements.TE_INSTALL}, or "
-                f"{_requirements.MSAMP_INSTALL}."
+                "mixed_precision='fp8' needs an FP8 backend and none is installed. torchao runs anywhere "
+                f"torch runs: {_requirements.TORCHAO_INSTALL}; TransformerEngine needs a CUDA toolkit: "
+                f"{_requirements.TE_INSTALL}; MS-AMP: {_requirements.MSAMP_INSTALL}."
             )
         backend = installed[0]
         logger.info("FP8 training with %s, the first installed backend of %s.", backend, [str(b) for b in installed])

@@ -65,7 +65,7 @@ def plan_te_conversion(
 def te_recipe_kwargs(recipe: TERecipe | Mapping[str, Any] | None) -> tuple[str, dict[str, Any], bool]:
     """``(recipe class name, its keyword arguments, use_autocast_during_eval)`` for ``recipe``.
 
-    A value left None comes from ``ACCELERATE_FP8_*``, else the default. ``fp8_format`` stays a name (``"HYBRID"``); :func:`build_te_recipe` turns it into TransformerEngine's
+    A value left None comes from ``ACCELERATE_FP8_*``, else the default. ``fp8_format`` stays a name (``"HYBRID"``); `build_te_recipe()` turns it into TransformerEngine's
     ``Format``. ``interval`` is passed only to TransformerEngine releases that still take it.
     """
     if not isinstance(recipe, TERecipe):

@@ -39,7 +39,7 @@ class ClearMLTracker(BackendTracker):
 
     The config is stored whole as the task's configuration object and, flattened (``a/b`` keys, lists
     and ``None`` as text), as its hyper-parameters. Numbers are reported as scalars: with a step under
-    the (title, series) of :func:`title_and_series`, without one as single values.
+    the (title, series) of `title_and_series()`, without one as single values.
 
     Args:
         run_name: the project and task name (unless given in ``kwargs`` or the environment).

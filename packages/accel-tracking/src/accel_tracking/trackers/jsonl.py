@@ -22,7 +22,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 class JSONLRun:
-    """The open run file of a :class:`JSONLTracker` (what ``tracker`` returns)."""
+    """The open run file of a `JSONLTracker` (what ``tracker`` returns)."""
 
     def __init__(self, path: str, append: bool) -> None:
         self.path = path

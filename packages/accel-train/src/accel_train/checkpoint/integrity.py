@@ -1,20 +1,20 @@
 """Damaged checkpoint files: found before anything is loaded, and told apart from refused ones.
 
-A file cut short or with garbled bytes raises :class:`~accel_state.errors.CorruptCheckpointError`
+A file cut short or with garbled bytes raises `CorruptCheckpointError`
 naming it, what was expected there and what was found; a well-formed file that asks to run code stays
-an :class:`~accel_state.errors.UnsafeCheckpointError`. ``load_state`` runs these checks on every file
-it will read (:func:`~accel_train.checkpointing.check_folder`) before loading any, so a damaged file
+an `UnsafeCheckpointError`. ``load_state`` runs these checks on every file
+it will read (`check_folder()`) before loading any, so a damaged file
 leaves the model and optimizer as they were.
 
 =====================================  ======================================================================
 file                                   damaged when
 =====================================  ======================================================================
 ``model.safetensors``, RNG and         the file is shorter or longer than its header says, or the header is
-gradient ``.safetensors`` files        not JSON (:func:`~accel_bigmodel.tensor_io.check_safetensors_file`)
+gradient ``.safetensors`` files        not JSON (`check_safetensors_file()`)
 ``random_states_{rank}.safetensors``   also: the generator states in its header are not the JSON written
 ``optimizer.bin`` and other            the zip is cut short or its directory garbled, a record lies outside
 ``torch.save`` files                   the file, the pickle's CRC-32 differs, or the pickle stream ends early
-                                       or holds a byte that is no opcode (:mod:`accel_bigmodel.integrity`)
+                                       or holds a byte that is no opcode (`accel_bigmodel.integrity`)
 ``accel_checkpoint.json``              it is not JSON, or not an object with the manifest's fields
 =====================================  ======================================================================
 """
@@ -87,7 +87,7 @@ def torch_load_failure(
     path: str, error: BaseException, stream: BinaryIO | None = None, pickled: bytes | None = None
 ) -> BaseException:
     """The error to raise for a ``torch.save`` file (or one of its pickles) that torch's weights-only reader
-    failed on: :class:`CorruptCheckpointError` when the file is damaged, :class:`UnsafeCheckpointError`
+    failed on: `CorruptCheckpointError` when the file is damaged, `UnsafeCheckpointError`
     when a well-formed pickle was refused, else ``error`` itself (an I/O error, a device missing here ...).
 
     Args:
@@ -123,7 +123,7 @@ def torch_load_failure(
 
 
 def check_weights_file(path: str) -> None:
-    """Raise :class:`CorruptCheckpointError` when the safetensors file ``path`` is shorter or longer than its
+    """Raise `CorruptCheckpointError` when the safetensors file ``path`` is shorter or longer than its
     header says, or its header is broken; reads the header only.
 
     Args:
@@ -133,7 +133,7 @@ def check_weights_file(path: str) -> None:
 
 
 def check_rng_file(path: str, rng_format: str = "accel-rng-1") -> dict[str, str]:
-    """Check ``random_states_{rank}.safetensors`` as :func:`check_weights_file` does, and the generator states
+    """Check ``random_states_{rank}.safetensors`` as `check_weights_file()` does, and the generator states
     its header holds as JSON; returns the header's metadata. A file of another format is left to the reader
     (it says which format it found).
 

@@ -49,7 +49,9 @@ def run(args: argparse.Namespace) -> int:
         if args.config_file is not None:
             command += ["--config_file", args.config_file]
     elif args.config_file is not None:
-        print("accel test: --config_file needs the launcher: pip install accel-launch", file=sys.stderr)
+        from accel_state.install_hints import install_hint
+
+        print(f"accel test: --config_file needs the launcher: {install_hint('accel-launch')}", file=sys.stderr)
         return 2
     else:
         print("accel test: accel-launch is not installed; running the self-test in this single process")
@@ -114,7 +116,7 @@ def test_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 
 
 def test_command(args: argparse.Namespace) -> int:
-    """Run the self-test for parsed arguments (the documented name of :func:`run`)."""
+    """Run the self-test for parsed arguments (the documented name of `run()`)."""
     return run(args)
 
 

@@ -1,10 +1,10 @@
-"""The named public components the :class:`~accel_train.accelerator.Accelerator` facade is made of.
+"""The named public components the `Accelerator` facade is made of.
 
-- :mod:`.attributes`: :class:`AcceleratorAttributes`, the documented read-only attributes;
-- :mod:`.process_ops`: :class:`ProcessOperations`, process control and collectives;
-- :mod:`.checkpointer`: :class:`Checkpointer`, ``save_state`` / ``load_state`` / ``save_model`` and the
-  registration of objects and hooks (:class:`RemovableHandle`);
-- :mod:`.trackers`: :class:`Trackers`, experiment tracking.
+- `attributes`: `AcceleratorAttributes`, the documented read-only attributes;
+- `process_ops`: `ProcessOperations`, process control and collectives;
+- `checkpointer`: `Checkpointer`, ``save_state`` / ``load_state`` / ``save_model`` and the
+  registration of objects and hooks (`RemovableHandle`);
+- `trackers`: `Trackers`, experiment tracking.
 
 Each defines and documents its methods; the Accelerator combines them and holds no backend branch.
 Importing this package does no work.

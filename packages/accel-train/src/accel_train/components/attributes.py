@@ -1,6 +1,6 @@
 """The Accelerator's read-only view of the run: devices, processes, precision, data-loader settings.
 
-A public component of the :class:`~accel_train.accelerator.Accelerator` facade: the documented attributes
+A public component of the `Accelerator` facade: the documented attributes
 are defined (and documented) here.
 """
 

@@ -1,6 +1,6 @@
 """The Accelerator's saving and loading: ``save_state`` / ``load_state``, ``save``, ``save_model``.
 
-A public component of the :class:`~accel_train.accelerator.Accelerator` facade: it registers the objects
+A public component of the `Accelerator` facade: it registers the objects
 a checkpoint holds and hands them to the one checkpoint walk (``checkpointing.write_objects`` /
 ``read_objects``).
 """
@@ -337,7 +337,7 @@ class Checkpointer:
         load_kwargs: dict[str, Any] | None = None,
         **load_model_func_kwargs: Any,
     ) -> None:
-        """Restore everything :meth:`save_state` wrote; with automatic naming and no ``input_dir``,
+        """Restore everything `save_state()` wrote; with automatic naming and no ``input_dir``,
         the latest complete checkpoint (and later saves continue its numbering).
 
         Never unpickles Python objects; a folder that does not match what was prepared is an error

@@ -1,6 +1,6 @@
 """The Accelerator's process-control and collective methods, over ``self.state``.
 
-A public component of the :class:`~accel_train.accelerator.Accelerator` facade: the documented methods
+A public component of the `Accelerator` facade: the documented methods
 are defined (and documented) here.
 """
 
@@ -224,11 +224,11 @@ class ProcessOperations:
     # -- cross-process trigger ----------------------------------------------------------------------
 
     def set_trigger(self) -> None:
-        """Raise the trigger on this process; :meth:`check_trigger` sees it on every process."""
+        """Raise the trigger on this process; `check_trigger()` sees it on every process."""
         self.flag_tensor = torch.tensor(1, device=self.state.device)
 
     def check_trigger(self) -> bool:
-        """True on every process when any process called :meth:`set_trigger` (then resets it)."""
+        """True on every process when any process called `set_trigger()` (then resets it)."""
         if self.flag_tensor is None:
             self.flag_tensor = torch.tensor(0, device=self.state.device)
         flags = operations.reduce(self.flag_tensor, "sum")

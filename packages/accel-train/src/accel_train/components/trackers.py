@@ -1,6 +1,6 @@
 """The Accelerator's experiment trackers, through accel-tracking.
 
-A public component of the :class:`~accel_train.accelerator.Accelerator` facade.
+A public component of the `Accelerator` facade.
 """
 
 from __future__ import annotations

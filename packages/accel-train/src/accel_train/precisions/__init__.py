@@ -1,8 +1,8 @@
 """Precisions: how numbers are represented in the forward, backward and optimizer step.
 
-One class per mode, registered by the ``mixed_precision`` value it serves in :data:`PRECISIONS`
+One class per mode, registered by the ``mixed_precision`` value it serves in `PRECISIONS`
 (``mode -> "module:Class"``, imported on first use). FP8 and other modes plug in by adding a module
-here and a line in the table (or :func:`register_precision` from outside).
+here and a line in the table (or `register_precision()` from outside).
 """
 
 from __future__ import annotations

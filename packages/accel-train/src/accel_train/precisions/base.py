@@ -16,7 +16,7 @@ hook                      what it does
 ``mixed_precision_dtypes``  parameter / reduce / buffer dtypes for a sharded strategy's policy
 ========================  ===================================================================
 
-The gradient scaler never leaves the precision: :attr:`scaler` is read-only for the Accelerator's
+The gradient scaler never leaves the precision: `scaler` is read-only for the Accelerator's
 documented ``accelerator.scaler`` attribute.
 """
 
@@ -100,7 +100,7 @@ class Precision:
         return model
 
     def restore_module(self, model: torch.nn.Module) -> None:
-        """Undo the reversible parts of :meth:`convert_module` (the autocast forward)."""
+        """Undo the reversible parts of `convert_module()` (the autocast forward)."""
         remove_forward_wrapper(model)
 
     def forward_context(self, handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager[Any]:
@@ -141,7 +141,7 @@ class Precision:
 
 def wrap_forward(model: torch.nn.Module, context: Callable[[], contextlib.AbstractContextManager[Any]]) -> None:
     """Run ``model.forward`` inside ``context()`` and return fp32 outputs (undone by
-    :func:`remove_forward_wrapper`). A model already wrapped is left as is."""
+    `remove_forward_wrapper()`). A model already wrapped is left as is."""
     if hasattr(model, "_accel_original_forward"):
         return
     original = model.forward
@@ -157,7 +157,7 @@ def wrap_forward(model: torch.nn.Module, context: Callable[[], contextlib.Abstra
 
 
 def remove_forward_wrapper(model: torch.nn.Module) -> None:
-    """Give back the forward that :func:`wrap_forward` replaced."""
+    """Give back the forward that `wrap_forward()` replaced."""
     original = model.__dict__.pop("_accel_original_forward", None)
     if original is None:
         return

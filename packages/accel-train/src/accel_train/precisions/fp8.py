@@ -1,6 +1,6 @@
 """FP8 training (``mixed_precision="fp8"``): FP8 layers from accel-quant plus bf16 autocast for the rest.
 
-The backend is chosen by accel-quant (:func:`accel_quant.fp8.backend.choose_fp8_backend`): the recipe
+The backend is chosen by accel-quant (`accel_quant.fp8.backend.choose_fp8_backend()`): the recipe
 kwargs handler given (``AORecipeKwargs`` -> torchao, ``TERecipeKwargs`` -> TransformerEngine,
 ``MSAMPRecipeKwargs`` -> MS-AMP, ``FP8RecipeKwargs(backend=...)``), else ``ACCELERATE_FP8_BACKEND``, else
 the first installed of MS-AMP, TransformerEngine, torchao.
@@ -16,7 +16,7 @@ the first installed of MS-AMP, TransformerEngine, torchao.
 
 Runs with the single-device, DDP and ND-parallel (FSDP2) strategies; under FSDP2 torchao all-gathers
 weights in float8 (``enable_fsdp_float8_all_gather``) and the next scales are computed after each
-optimizer step. Under DeepSpeed (ZeRO 0-3) :class:`EngineFP8Precision` serves: torchao layers, with the
+optimizer step. Under DeepSpeed (ZeRO 0-3) `EngineFP8Precision` serves: torchao layers, with the
 engine running the rest in bf16 (its ``bf16`` section) instead of autocast; TransformerEngine and MS-AMP
 are refused there by name. FSDP1 is refused by name.
 """

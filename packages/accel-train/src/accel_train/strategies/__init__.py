@@ -1,10 +1,10 @@
 """Strategies: how a model is spread over processes, one module each, registered by name.
 
-A strategy is found by name through :data:`STRATEGIES` (``name -> "module:Class"``), so its module,
+A strategy is found by name through `STRATEGIES` (``name -> "module:Class"``), so its module,
 and the backend library behind it, is imported only when a run uses it. Adding a backend is one
-module under this package plus one line in the table (or a call to :func:`register_strategy` from
-outside the package). The connector (:mod:`accel_train.connector`) picks the name from the launch
-configuration with :func:`strategy_name`.
+module under this package plus one line in the table (or a call to `register_strategy()` from
+outside the package). The connector (`accel_train.connector`) picks the name from the launch
+configuration with `strategy_name()`.
 """
 
 from __future__ import annotations

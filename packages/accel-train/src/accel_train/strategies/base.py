@@ -3,21 +3,21 @@
 A strategy owns everything that depends on how a model is spread over processes:
 
 - **set-up** of the models, optimizers and schedulers of one ``prepare`` call *together*
-  (:meth:`Strategy.setup`), so that a backend can wrap a model and then rebind its optimizer, or
+  (`Strategy.setup()`), so that a backend can wrap a model and then rebind its optimizer, or
   initialise all three in one call;
-- the **training step**: :meth:`backward`, :meth:`no_sync` for gradient accumulation,
-  :meth:`clip_grad_norm_` over (possibly sharded) gradients, the wrappers of optimizers and
+- the **training step**: `backward()`, `no_sync()` for gradient accumulation,
+  `clip_grad_norm_()` over (possibly sharded) gradients, the wrappers of optimizers and
   schedulers;
 - **state**: unwrapping, full state dicts of models and optimizers (every rank takes part when
-  :attr:`is_sharded`), and the model/optimizer entries of ``save_state`` checkpoints;
-- **data loaders**: :meth:`setup_data_loader` shards a loader over the data-parallel ranks (a backend
+  `is_sharded`), and the model/optimizer entries of ``save_state`` checkpoints;
+- **data loaders**: `setup_data_loader()` shards a loader over the data-parallel ranks (a backend
   may wrap it: XLA's device loader, a pipeline stage that reads no data);
-- the **precisions** it runs with (:attr:`Strategy.precisions`, checked by :meth:`check_precision`:
+- the **precisions** it runs with (`Strategy.precisions`, checked by `check_precision()`:
   the one compatibility table between strategies and ``mixed_precision`` modes);
 - the **facts** the Accelerator reports: device mesh, data/tensor/context/pipeline parallel ranks and sizes.
 
 The base class is also the single-device behaviour; subclasses override only what differs. The
-precision (:mod:`accel_train.precisions`) and the checkpoint I/O are given to the strategy by the
+precision (`accel_train.precisions`) and the checkpoint I/O are given to the strategy by the
 connector; the strategy calls the precision's hooks and never looks at the mixed-precision mode.
 """
 
@@ -117,7 +117,7 @@ def parameter_locations(
     """Where each parameter of ``models`` is, recorded before a set-up replaces the parameters.
 
     A backend that swaps parameters (DTensors of tensor parallelism, FSDP2's shards) records this,
-    sets the models up, and hands it to :func:`rebind_optimizer_parameters`.
+    sets the models up, and hands it to `rebind_optimizer_parameters()`.
 
     Args:
         models: the models of one ``prepare`` call, in order.
@@ -141,7 +141,7 @@ def rebind_optimizer_parameters(
 
     Args:
         optimizer: an optimizer built over the models before they were set up.
-        locations: :func:`parameter_locations` of those models, taken before set-up.
+        locations: `parameter_locations()` of those models, taken before set-up.
         new_params: per model (same order), the set-up model's parameters by name.
 
     Raises:
@@ -162,14 +162,14 @@ def rebind_optimizer_parameters(
 class Strategy:
     """One device per process, no wrapping: the behaviour of a single-process run."""
 
-    #: Registered name (see :mod:`accel_train.strategies`).
+    #: Registered name (see `accel_train.strategies`).
     name: ClassVar[str] = "single_device"
     #: Model and optimizer state is split over processes: every rank takes part in state dicts.
     is_sharded: ClassVar[bool] = False
     #: ``optimizer.step`` / ``zero_grad`` of the prepared optimizer are driven by the backend.
     backend_steps_optimizer: ClassVar[bool] = False
     #: The ``mixed_precision`` modes this strategy runs with: the one compatibility table between
-    #: strategies and precisions (a precision does not list strategies). Checked by :meth:`check_precision`.
+    #: strategies and precisions (a precision does not list strategies). Checked by `check_precision()`.
     precisions: ClassVar[frozenset[PrecisionType]] = frozenset(PrecisionType)
 
     def __init__(
@@ -213,7 +213,7 @@ class Strategy:
     def check_precision(cls, state: Any, mode: PrecisionType, precision_cls: type[Precision] | None = None) -> None:
         """Raise a ``ValueError`` naming the strategy and what it runs with when it cannot run ``mode``.
 
-        The built-in table is :attr:`precisions`; a precision registered from outside may narrow it
+        The built-in table is `precisions`; a precision registered from outside may narrow it
         with its ``supported_strategies``. A subclass may add conditions that depend on its plugin
         (for example FP8 only with FSDP2). Called once, by the connector.
 
@@ -332,7 +332,7 @@ class Strategy:
     # -- data loaders -----------------------------------------------------------------------------
 
     def setup_data_loader(self, data_loader: Any, **options: Any) -> Any:
-        """The prepared data loader: sharded over the data-parallel ranks of :attr:`parallel_dims`.
+        """The prepared data loader: sharded over the data-parallel ranks of `parallel_dims`.
 
         Processes that share a data-parallel rank (tensor, context or pipeline peers) get the same
         batches. A backend overrides this to wrap the loader (a device loader, a pipeline stage that
@@ -370,7 +370,7 @@ class Strategy:
         return contextlib.nullcontext()
 
     def force_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
-        """Context in which the next backward synchronises gradients even inside :meth:`no_sync`."""
+        """Context in which the next backward synchronises gradients even inside `no_sync()`."""
         return contextlib.nullcontext()
 
     def join(self, joinables: list[Any]) -> contextlib.AbstractContextManager[Any]:
@@ -439,7 +439,7 @@ class Strategy:
         return accumulated_gradients([self.unwrap_model(m, keep_torch_compile=False) for m in models])
 
     def restore_gradients(self, models: Sequence[torch.nn.Module], grads: dict[str, torch.Tensor] | None) -> None:
-        """Put back what :meth:`accumulated_gradients` returned (``None``: no gradient, as after ``zero_grad``).
+        """Put back what `accumulated_gradients()` returned (``None``: no gradient, as after ``zero_grad``).
 
         Args:
             models: the prepared models, in order.

@@ -44,6 +44,7 @@ UTILS: dict[str, str] = {
     "MegatronLMDummyScheduler": "accel_train.strategies.megatron",
     "MegatronLMPlugin": "accel_train.parallel_plugins",
     "ParallelismConfig": "accel_train.parallel_plugins",
+    "PipelineParallelConfig": "accel_train.parallel_plugins",
     "ProfileKwargs": "accel_train.kwargs_handlers",
     "ProjectConfiguration": "accel_train.plugins",
     "T5TrainStep": "accel_train.strategies.megatron",

@@ -1,10 +1,10 @@
 """The DeepSpeed backend: everything that knows about ``deepspeed`` lives here.
 
-- :mod:`.plugin`: ``DeepSpeedPlugin`` (settings, the config dict, launcher variables);
-- :mod:`.config`: translation of plugin fields into a DeepSpeed config, ``"auto"`` filling (pure);
-- :mod:`.strategy`: ``DeepSpeedStrategy`` (engine set-up, training step, checkpoint entries);
-- :mod:`.zero3_state`: full state dicts of a ZeRO-3 partitioned module, gathered or loaded;
-- :mod:`.utils`: the documented ``DummyOptim``, ``HfDeepSpeedConfig``, engine wrappers, ... (also
+- `plugin`: ``DeepSpeedPlugin`` (settings, the config dict, launcher variables);
+- `config`: translation of plugin fields into a DeepSpeed config, ``"auto"`` filling (pure);
+- `strategy`: ``DeepSpeedStrategy`` (engine set-up, training step, checkpoint entries);
+- `zero3_state`: full state dicts of a ZeRO-3 partitioned module, gathered or loaded;
+- `utils`: the documented ``DummyOptim``, ``HfDeepSpeedConfig``, engine wrappers, ... (also
   ``accel_train.deepspeed_utils`` / ``accel.utils.deepspeed``).
 
 Importing this package does no work (``deepspeed`` is imported when a run uses it).

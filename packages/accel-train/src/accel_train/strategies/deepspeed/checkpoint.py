@@ -4,13 +4,13 @@ DeepSpeed's ``engine.load_checkpoint`` reads its files (``mp_rank_00_model_state
 ``zero_pp_rank_{r}_mp_rank_00_optim_states.pt``, ...) with ``torch.load(weights_only=False)``. Before it
 runs, accel checks every ``.pt`` file of the tag folder with ``torch.load(weights_only=True)`` onto the
 ``meta`` device (no tensor bytes are read), allowing only the few DeepSpeed types these files hold
-(:data:`DEEPSPEED_CHECKPOINT_GLOBALS`); any other Python global is refused with
-:class:`~accel_state.errors.UnsafeCheckpointError` and nothing is loaded. The layout stays
+(`DEEPSPEED_CHECKPOINT_GLOBALS`); any other Python global is refused with
+`UnsafeCheckpointError` and nothing is loaded. The layout stays
 DeepSpeed's own (``zero_to_fp32.py`` and DeepSpeed's loaders read it).
 
 A checkpoint partitioned over another number of data-parallel processes loads through DeepSpeed's
 universal checkpoint, converted next to it and checked the same way before the engine reads it
-(:mod:`.reshard`).
+(`reshard`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _resolve(entries: tuple[tuple[str, str], ...]) -> tuple[Any, ...]:
 
 
 class DeepSpeedCheckpointIO(CheckpointIO):
-    """:class:`CheckpointIO` whose file checks also allow DeepSpeed's own checkpoint types."""
+    """`CheckpointIO` whose file checks also allow DeepSpeed's own checkpoint types."""
 
     def check_file(self, path: str) -> None:
         """Refuse a ``.pt`` file naming any global but tensors, plain values and DeepSpeed's checkpoint types."""
@@ -55,7 +55,7 @@ class DeepSpeedCheckpointIO(CheckpointIO):
 
     def load_engine(self, engine: Any, folder: str, tag: str, strict: bool = True) -> None:
         """Read ``folder/tag`` into the engine; written by another number of data-parallel processes, it goes
-        through DeepSpeed's universal checkpoint first (:func:`~.reshard.load_resharded`).
+        through DeepSpeed's universal checkpoint first (`load_resharded()`).
 
         Args:
             engine: the ``DeepSpeedEngine`` to load into.

@@ -2,7 +2,7 @@
 
 DeepSpeed's own reader (``deepspeed.utils.zero_to_fp32``) joins the fp32 partitions of every process and
 reads its files with ``torch.load(weights_only=False)``: every ``.pt`` file of the engine's folder is
-checked with accel's allow-list (:class:`~.checkpoint.DeepSpeedCheckpointIO`) before it runs.
+checked with accel's allow-list (`DeepSpeedCheckpointIO`) before it runs.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import io
 import os
 import re
 from typing import Any
+
+from accel_state.install_hints import install_hint
 
 __all__ = ["deepspeed_engine_dir", "read_deepspeed_weights"]
 
@@ -45,7 +47,7 @@ def read_deepspeed_weights(engine_dir: str) -> dict[str, Any]:
     """Every weight of the DeepSpeed checkpoint in ``engine_dir`` as one full fp32 state dict.
 
     Args:
-        engine_dir: the engine's checkpoint folder (from :func:`deepspeed_engine_dir`).
+        engine_dir: the engine's checkpoint folder (from `deepspeed_engine_dir()`).
 
     Raises:
         UnsafeCheckpointError: a file of the folder names a global outside the allow-list (nothing was read).
@@ -64,7 +66,8 @@ def read_deepspeed_weights(engine_dir: str) -> dict[str, Any]:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     except ImportError as error:
         raise ImportError(
-            f'{engine_dir} is a DeepSpeed checkpoint; merging it needs DeepSpeed: pip install "accel-train[deepspeed]"'
+            f"{engine_dir} is a DeepSpeed checkpoint; merging it needs DeepSpeed: "
+            f"{install_hint('accel-train', 'deepspeed')}"
         ) from error
     parent, tag = os.path.split(os.path.normpath(os.path.abspath(engine_dir)))
     with contextlib.redirect_stdout(io.StringIO()):  # it prints every parameter

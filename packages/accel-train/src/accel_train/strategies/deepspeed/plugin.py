@@ -29,9 +29,9 @@ class DeepSpeedPlugin:
 
     Fields left ``None`` take the values the launcher wrote (``ACCELERATE_DEEPSPEED_*``). Without a
     config file the fields *are* the configuration (documented defaults: ZeRO-2, no offload). With
-    ``hf_ds_config`` (a JSON path, a dict or an :class:`~accel_train.strategies.deepspeed.utils.HfDeepSpeedConfig`)
+    ``hf_ds_config`` (a JSON path, a dict or an `HfDeepSpeedConfig`)
     the file is the configuration and the fields only fill its ``"auto"`` values; the rest of the
-    ``"auto"`` values are filled by ``prepare``. The finished dict is :attr:`deepspeed_config`.
+    ``"auto"`` values are filled by ``prepare``. The finished dict is `deepspeed_config`.
 
     Args:
         hf_ds_config: DeepSpeed config as a JSON file path, a dict or an ``HfDeepSpeedConfig``; `None` builds the
@@ -213,7 +213,7 @@ class DeepSpeedPlugin:
 
     @property
     def config(self) -> dict[str, Any]:
-        """The DeepSpeed config dict (the same object as :attr:`deepspeed_config`)."""
+        """The DeepSpeed config dict (the same object as `deepspeed_config`)."""
         return self.deepspeed_config
 
     def get_value(self, ds_key_long: str, default: Any = None) -> Any:

@@ -7,7 +7,7 @@ sequence for its share of the heads, and a second all-to-all trades back. The re
 the rank's sequence shard. ``UlyssesSPDataLoaderAdapter`` feeds it: it gathers one batch from each rank
 of the group and hands every rank its shard of each, in turn, with ``shift_labels`` for the loss.
 
-This module holds the settings (:class:`DeepSpeedSequenceParallelConfig`, parsed once) and the steps the
+This module holds the settings (`DeepSpeedSequenceParallelConfig`, parsed once) and the steps the
 DeepSpeed strategy runs at ``prepare``: checks of the model, registration with transformers (which
 returns DeepSpeed's sequence-parallel groups, the ``mpu`` handed to ``deepspeed.initialize``) and the
 data-loader adapter. DeepSpeed and transformers are imported when a run uses them.
@@ -19,6 +19,7 @@ import importlib.metadata
 from dataclasses import dataclass
 from typing import Any
 
+from accel_state.install_hints import install_hint
 from accel_train.plugin_env import env_value
 
 __all__ = [
@@ -200,13 +201,13 @@ def _require_ulysses() -> None:
     if Version(have) < Version(MIN_DEEPSPEED):
         raise ImportError(
             f"DeepSpeed ALST/Ulysses sequence parallelism needs deepspeed>={MIN_DEEPSPEED}, found {have}: "
-            'pip install -U "deepspeed>=0.18.2"'
+            f"{install_hint(f'deepspeed>={MIN_DEEPSPEED}')}"
         )
     try:
         importlib.metadata.version("transformers")
     except importlib.metadata.PackageNotFoundError:
         raise ImportError(
-            "DeepSpeed ALST/Ulysses sequence parallelism wraps transformers' attention: pip install transformers"
+            f"DeepSpeed ALST/Ulysses sequence parallelism wraps transformers' attention: {install_hint('transformers')}"
         ) from None
 
 
@@ -217,13 +218,13 @@ def register_with_transformers(
     groups; returns them (the ``mpu`` of ``deepspeed.initialize``).
 
     Args:
-        model: The transformers model (checked with :func:`check_model` first).
+        model: The transformers model (checked with `check_model()` first).
         handler: The sequence-parallel settings.
         sp_size: Size of the sequence-parallel group.
         micro_batch_size: Samples per rank and step (``train_micro_batch_size_per_gpu``).
 
     Raises:
-        ImportError: DeepSpeed older than :data:`MIN_DEEPSPEED`, or transformers missing.
+        ImportError: DeepSpeed older than `MIN_DEEPSPEED`, or transformers missing.
     """
     _require_ulysses()
     check_model(model, handler, sp_size)
@@ -263,7 +264,7 @@ def adapt_loader(loader: Any, mpu: Any, device: Any) -> Any:
 
     Args:
         loader: The (prepared) data loader.
-        mpu: What :func:`register_with_transformers` returned, or `None`.
+        mpu: What `register_with_transformers()` returned, or `None`.
         device: Device the gathered batches are assembled on.
     """
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter

@@ -12,7 +12,7 @@ precision object does no autocast and has no gradient scaler under this strategy
 FP8 layers in the model before the engine is built and runs the rest in bf16.
 
 ``ParallelismConfig(sp_size=N)`` adds DeepSpeed's ALST/Ulysses sequence parallelism
-(:mod:`.sequence_parallel`): the model's attention is registered with Ulysses, its groups go to
+(`sequence_parallel`): the model's attention is registered with Ulysses, its groups go to
 ``deepspeed.initialize`` as ``mpu``, data loaders of the same ``prepare`` call are adapted, and the
 batch sizes count data-parallel ranks only (``num_processes // sp_size``).
 """
@@ -123,7 +123,7 @@ class DeepSpeedStrategy(Strategy):
         """DeepSpeed is installed; every plugin's fp16 / bf16 sections agree with ``mixed_precision``.
 
         Checks only (on copies of the configs): the plugins and the state are brought in line when the
-        strategy is built (:meth:`_configure`).
+        strategy is built (`_configure()`).
         """
         import_deepspeed()
         for plugin in (state.deepspeed_plugins or {}).values():

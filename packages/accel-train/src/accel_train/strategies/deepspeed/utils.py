@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import torch
 
 from accel_state.imports import is_deepspeed_available
+from accel_state.install_hints import install_hint
 from accel_train.optimizer import AcceleratedOptimizer
 from accel_train.scheduler import AcceleratedScheduler
 from accel_train.strategies.deepspeed.config import get_value, load_config
@@ -33,7 +34,7 @@ __all__ = [
     "map_pytorch_optim_to_deepspeed",
 ]
 
-_INSTALL = 'DeepSpeed is not installed; install the extra: pip install "accel-train[deepspeed]"'
+_INSTALL = f"DeepSpeed is not installed; install the extra: {install_hint('accel-train', 'deepspeed')}"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -99,7 +100,7 @@ class HfDeepSpeedConfig:
         self.set_stage_and_offload()
 
     def set_stage_and_offload(self) -> None:
-        """Read the ZeRO stage and offload of :attr:`config` into :meth:`is_zero3` / :meth:`is_offload`.
+        """Read the ZeRO stage and offload of `config` into `is_zero3()` / `is_offload()`.
 
         Called when built and again once its ``"auto"`` values are filled (a stage given as ``"auto"``
         is known only then); the answers are not read from the dict on every question.
@@ -202,7 +203,7 @@ class DummyOptim(torch.optim.Optimizer):
         params: the parameters (or parameter groups) to optimize.
         lr: learning rate, used where the config says ``"auto"``.
         weight_decay: weight decay, used where the config says ``"auto"``.
-        **kwargs: other hyper-parameters, kept in :attr:`kwargs`.
+        **kwargs: other hyper-parameters, kept in `kwargs`.
     """
 
     def __init__(self, params: Iterable[Any], lr: float = 0.001, weight_decay: float = 0, **kwargs: Any) -> None:
@@ -235,7 +236,7 @@ class DummyScheduler:
         total_num_steps: total training steps, used where the config says ``"auto"``.
         warmup_num_steps: warm-up steps, used where the config says ``"auto"``.
         lr_scheduler_callable: ``callable(optimizer) -> scheduler`` building the scheduler instead of the config.
-        **kwargs: other arguments, kept in :attr:`kwargs`.
+        **kwargs: other arguments, kept in `kwargs`.
     """
 
     def __init__(

@@ -1,10 +1,10 @@
 """The FSDP backend (FSDP 1 and 2): everything that knows about ``FullyShardedDataParallel`` lives here.
 
-- :mod:`.plugin`: ``FullyShardedDataParallelPlugin`` (settings, read from the launcher's variables);
-- :mod:`.strategy`: ``FSDPStrategy`` (set-up, training step, checkpoint entries);
-- :mod:`.wrap`: wrap units and policies; :mod:`.state`: full and DCP-sharded state dicts;
-- :mod:`.utils`: the documented ``save_fsdp_model``, ``fsdp2_prepare_model``, ... (also
-  ``accel_train.fsdp_utils`` / ``accel.utils.fsdp_utils``); :mod:`.merge`: ``merge_fsdp_weights``.
+- `plugin`: ``FullyShardedDataParallelPlugin`` (settings, read from the launcher's variables);
+- `strategy`: ``FSDPStrategy`` (set-up, training step, checkpoint entries);
+- `wrap`: wrap units and policies; `state`: full and DCP-sharded state dicts;
+- `utils`: the documented ``save_fsdp_model``, ``fsdp2_prepare_model``, ... (also
+  ``accel_train.fsdp_utils`` / ``accel.utils.fsdp_utils``); `merge`: ``merge_fsdp_weights``.
 
 Importing this package does no work: the strategy's names load on first use.
 """

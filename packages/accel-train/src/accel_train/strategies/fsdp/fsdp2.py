@@ -1,12 +1,12 @@
 """The one FSDP2 path, used by the FSDP strategy and the ND-parallel strategy alike.
 
-Every setting of :class:`~accel_train.strategies.fsdp.plugin.FullyShardedDataParallelPlugin` that FSDP2
+Every setting of `FullyShardedDataParallelPlugin` that FSDP2
 knows means the same under both strategies because both call these functions, in torchtitan's fixed
-order: (tensor parallelism, ND only) -> :func:`apply_activation_checkpointing` -> ``torch.compile`` ->
-:func:`shard_model`. A plugin setting that has no meaning on an ND mesh is refused by name there
-(:data:`ND_REFUSED`).
+order: (tensor parallelism, ND only) -> `apply_activation_checkpointing()` -> ``torch.compile`` ->
+`shard_model()`. A plugin setting that has no meaning on an ND mesh is refused by name there
+(`ND_REFUSED`).
 
-- units: the plugin's auto-wrap policy (:func:`~accel_train.strategies.fsdp.wrap.wrap_units`); without a
+- units: the plugin's auto-wrap policy (`wrap_units()`); without a
   plugin, the blocks of the model's repeated ``ModuleList`` s;
 - activation checkpointing of the unit classes, offloaded to the CPU with
   ``activation_checkpointing_offload``; a checkpointed unit is sharded through its wrapper;
@@ -147,8 +147,8 @@ def shard_model(
         plugin: the FSDP plugin, or ``None`` for the defaults (reshard after forward, no offload).
         mesh: the device mesh (or sub-mesh) to shard over.
         dtypes: the precision's ``(param, reduce, buffer)`` dtypes, for the mixed-precision policy.
-        offload: offload parameters to the CPU (see :func:`offload_wanted`).
-        units: the units (default :func:`shard_units`).
+        offload: offload parameters to the CPU (see `offload_wanted()`).
+        units: the units (default `shard_units()`).
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
@@ -291,7 +291,7 @@ def unsharded_gradients(models: Sequence[torch.nn.Module]) -> dict[str, torch.Te
     While gradient sync is off they stay unsharded on each process (its own micro-batches' sum), outside
     ``param.grad``. Where it stayed on (one process: accumulation does not turn it off, as there is
     nothing to synchronise with) each backward reduce-scattered into the sharded ``param.grad``: this
-    process's shard is saved then, under the key with :data:`SHARDED_GRAD_SUFFIX`.
+    process's shard is saved then, under the key with `SHARDED_GRAD_SUFFIX`.
 
     Args:
         models: the sharded models, in order.
@@ -320,7 +320,7 @@ def unsharded_gradients(models: Sequence[torch.nn.Module]) -> dict[str, torch.Te
 
 
 def restore_unsharded_gradients(models: Sequence[torch.nn.Module], grads: dict[str, torch.Tensor] | None) -> None:
-    """Put back what :func:`unsharded_gradients` returned, where FSDP2 adds the next micro-batches'
+    """Put back what `unsharded_gradients()` returned, where FSDP2 adds the next micro-batches'
     gradients and reduce-scatters the sum at the next sync step (``None``: no gradient).
 
     Args:

@@ -10,7 +10,7 @@ accel's state starts a group only for several processes, so the FSDP strategy st
 rank 0 of 1 over an in-memory ``HashStore`` (no port, no network), gloo on the CPU (plus the device's
 backend on an accelerator). Every collective of a one-rank group returns at once. The group is
 destroyed at interpreter exit (as the state does for its own group), or by
-:func:`destroy_single_process_group`.
+`destroy_single_process_group()`.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def start_single_process_group(device: Any) -> bool:
 
 
 def destroy_single_process_group() -> bool:
-    """Destroy the group :func:`start_single_process_group` started, if it is still the default group;
+    """Destroy the group `start_single_process_group()` started, if it is still the default group;
     True when one was destroyed. A group started by anyone else is left alone."""
     import torch.distributed as dist
 

@@ -56,7 +56,7 @@ class FullyShardedDataParallelPlugin:
     """Settings of Fully Sharded Data Parallel (FSDP 1 or 2).
 
     Every field left ``None`` takes the value the launcher wrote (``FSDP_*`` variables), else the
-    documented default. Choice fields accept the names of :mod:`accel_state.enums` (any case) or
+    documented default. Choice fields accept the names of `accel_state.enums` (any case) or
     their 1-based numbers.
 
     ``mixed_precision_policy`` takes torch's object of the version (``MixedPrecision`` for FSDP1,
@@ -257,7 +257,7 @@ class FullyShardedDataParallelPlugin:
         sharded to save the final model whole.
 
         Args:
-            state_dict_type: a name of :class:`accel_state.enums.FSDPStateDictType` (any case, or its
+            state_dict_type: a name of `accel_state.enums.FSDPStateDictType` (any case, or its
                 1-based number) or torch's ``StateDictType``; ``None`` takes ``FSDP_STATE_DICT_TYPE``, else
                 ``FULL_STATE_DICT`` for FSDP1 and ``SHARDED_STATE_DICT`` for FSDP2.
 

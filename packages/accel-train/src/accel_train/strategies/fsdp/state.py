@@ -127,7 +127,7 @@ def full_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Opt
 def load_full_optimizer_state_dict(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]
 ) -> None:
-    """Load a full optimizer state dict (from :func:`full_optimizer_state_dict`) into the sharded optimizer."""
+    """Load a full optimizer state dict (from `full_optimizer_state_dict()`) into the sharded optimizer."""
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     with _no_grads(optimizer):
@@ -208,7 +208,7 @@ def check_shapes(expected: Mapping[str, tuple[int, ...]], found: Mapping[str, tu
 def save_sharded_model(model: torch.nn.Module, checkpoint_dir: str, local: bool = False, io: Any = None) -> None:
     """Write each rank's shards of the model into the DCP folder ``checkpoint_dir`` (collective).
 
-    ``io`` is the :class:`~accel_train.checkpoint_io.CheckpointIO` that writes the folder.
+    ``io`` is the `CheckpointIO` that writes the folder.
     """
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 

@@ -1,9 +1,9 @@
 """Fully Sharded Data Parallel, version 1 (``FullyShardedDataParallel``) and 2 (``fully_shard``).
 
-The settings come from :class:`~accel_train.strategies.fsdp.plugin.FullyShardedDataParallelPlugin`. Preparing
-a model shards it (its units from :mod:`accel_train.strategies.fsdp.wrap`); an optimizer built before, over the
+The settings come from `FullyShardedDataParallelPlugin`. Preparing
+a model shards it (its units from `accel_train.strategies.fsdp.wrap`); an optimizer built before, over the
 model's original parameters, is rebound to the sharded ones (built after, it already holds them).
-State dicts go through :mod:`accel_train.strategies.fsdp.state`: full ones gathered on every rank, sharded ones
+State dicts go through `accel_train.strategies.fsdp.state`: full ones gathered on every rank, sharded ones
 as ``torch.distributed.checkpoint`` folders (``pytorch_model_fsdp_{i}/``, ``optimizer_{i}/``).
 
 Runs on CPU with gloo as on GPUs. torch's CPU limits are handled here: FSDP1 gets
@@ -13,7 +13,7 @@ crashes with it on CPU) and moved to the CPU afterwards; CPU offload (``cpu_offl
 there with a warning.
 
 One process: launched (``accel launch --use_fsdp --num_processes 1``, torchrun; ``LOCAL_RANK`` is set), the
-model is sharded on a one-rank group (:mod:`accel_train.strategies.fsdp.group` starts it when the state did
+model is sharded on a one-rank group (`accel_train.strategies.fsdp.group` starts it when the state did
 not), as the documented system does: parameters in the policy's dtype, FSDP checkpoints. A plain
 ``python script.py`` leaves the model whole (the documented system ignores the plugin there); its
 checkpoints keep the FSDP layout.

@@ -1,7 +1,7 @@
 """The documented FSDP utilities (``accel.utils`` and ``accel.utils.fsdp_utils``).
 
-They are thin, named entry points over the FSDP strategy (:mod:`accel_train.strategies.fsdp.strategy`), its
-state-dict helpers (:mod:`accel_train.strategies.fsdp.state`) and wrap rules (:mod:`accel_train.strategies.fsdp.wrap`),
+They are thin, named entry points over the FSDP strategy (`accel_train.strategies.fsdp.strategy`), its
+state-dict helpers (`accel_train.strategies.fsdp.state`) and wrap rules (`accel_train.strategies.fsdp.wrap`),
 for scripts that save, load or shard by hand. Functions that touch a sharded model are collective:
 call them on every rank.
 
@@ -115,7 +115,7 @@ def save_fsdp_model(
 def load_fsdp_model(
     fsdp_plugin: Any, accelerator: Any, model: torch.nn.Module, input_dir: str, model_index: int = 0, **_: Any
 ) -> None:
-    """Read what :func:`save_fsdp_model` wrote (a sharded folder or a full file) into ``model``.
+    """Read what `save_fsdp_model()` wrote (a sharded folder or a full file) into ``model``.
 
     Args:
         fsdp_plugin: The ``FullyShardedDataParallelPlugin`` whose ``state_dict_type`` picks sharded or full files.
@@ -177,7 +177,7 @@ def load_fsdp_optimizer(
     optimizer_index: int = 0,
     **_: Any,
 ) -> None:
-    """Read what :func:`save_fsdp_optimizer` wrote into ``optimizer`` (of the sharded ``model``).
+    """Read what `save_fsdp_optimizer()` wrote into ``optimizer`` (of the sharded ``model``).
 
     Args:
         fsdp_plugin: The ``FullyShardedDataParallelPlugin`` whose ``state_dict_type`` picks sharded or full files.

@@ -4,7 +4,7 @@ Each function returns the keyword arguments of one megatron-core object (``paral
 initialize_model_parallel``, ``TransformerConfig``, ``OptimizerConfig``, ``DistributedDataParallelConfig``,
 ``OptimizerParamScheduler``), so the translation is tested without megatron-core or CUDA; the
 strategy builds the objects. ``other_megatron_args`` keys go to the object that has that field; a key
-none has is refused by name (:func:`route_other_args`).
+none has is refused by name (`route_other_args()`).
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ def ddp_config_kwargs(plugin: Any) -> dict[str, Any]:
 def scheduler_kwargs(plugin: Any, dummy: Any, lr: float, weight_decay: float) -> dict[str, Any]:
     """Arguments of ``megatron.core.optimizer_param_scheduler.OptimizerParamScheduler`` (steps, not samples).
 
-    ``dummy`` is the :class:`MegatronLMDummyScheduler` the script prepared: its ``total_num_steps``
+    ``dummy`` is the `MegatronLMDummyScheduler` the script prepared: its ``total_num_steps``
     and ``warmup_num_steps`` apply where the plugin gives no ``lr_decay_iters`` / ``lr_warmup_iters``.
 
     Raises:
@@ -248,7 +248,7 @@ def route_other_args(other: Mapping[str, Any], fields: Mapping[str, Iterable[str
     Args:
         other: the plugin's ``other_megatron_args``.
         fields: ``{config name: its field names}`` (e.g. from ``dataclasses.fields`` of megatron-core's
-            configs); keys read by accel itself (:data:`MODEL_KEYS`) go nowhere.
+            configs); keys read by accel itself (`MODEL_KEYS`) go nowhere.
 
     Returns:
         ``{config name: {key: value}}``.

@@ -44,7 +44,7 @@ class MegatronEngine(torch.nn.Module):
 
     Args:
         chunks: the model chunks (megatron-core ``DistributedDataParallel`` each; several with virtual stages).
-        train_step: the :class:`~accel_train.strategies.megatron.train_step.AbstractTrainStep` in use.
+        train_step: the `AbstractTrainStep` in use.
         plugin: the ``MegatronLMPlugin``.
         seq_length: the sequence length given to the schedule.
     """
@@ -111,7 +111,7 @@ class MegatronOptimizerWrapper:
 
     Args:
         optimizer: megatron-core's ``MegatronOptimizer``.
-        engine: the :class:`MegatronEngine` whose gradient buffers it zeroes.
+        engine: the `MegatronEngine` whose gradient buffers it zeroes.
     """
 
     def __init__(self, optimizer: Any, engine: MegatronEngine) -> None:

@@ -2,7 +2,7 @@
 
 The documented fields are the settings of the documented system. The launcher's newer
 ``--megatron_lm_*`` flags (recompute granularity, dropouts, expert sizes, ...) arrive as
-``MEGATRON_LM_*`` variables and are folded into :attr:`other_megatron_args` under megatron-core's
+``MEGATRON_LM_*`` variables and are folded into `other_megatron_args` under megatron-core's
 names, unless the script already set them there.
 """
 

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from accel_state.install_hints import install_hint
 from accel_train.parallel_plugins import BackendNotAvailableError
 from accel_train.precisions.base import Precision
 from accel_train.strategies.base import CheckpointEntry, ParallelDims, Prepared, Strategy
@@ -88,7 +89,7 @@ class MegatronLMStrategy(Strategy):
     def validate(cls, state: Any, precision_cls: Any, mode: str) -> None:
         """Refuse what cannot run, by name.
 
-        A missing megatron-core or CUDA is refused at ``prepare`` (:meth:`require_backend`), so that the
+        A missing megatron-core or CUDA is refused at ``prepare`` (`require_backend()`), so that the
         configuration is still checked and data loaders prepared on a machine without them.
 
         Raises:
@@ -178,7 +179,7 @@ class MegatronLMStrategy(Strategy):
         """
         if not megatron_core_available():
             raise BackendNotAvailableError(
-                "Megatron-LM training needs megatron-core: pip install 'accel-train[megatron]' (megatron-core 0.16)"
+                f"Megatron-LM training needs megatron-core 0.16: {install_hint('accel-train', 'megatron')}"
             )
         if not torch.cuda.is_available():
             raise MegatronCUDARequiredError(

@@ -1,9 +1,9 @@
 """Train steps: how a batch becomes megatron-core model inputs, and the model's output a loss.
 
 A train step gives megatron-core's ``forward_backward_func`` its ``forward_step_func(data_iterator,
-model) -> (output_tensor, loss_func)``. :class:`GPTTrainStep`, :class:`BertTrainStep` and
-:class:`T5TrainStep` take Hugging Face style batches (``input_ids``, ``attention_mask``, ``labels``).
-All three share :class:`HFTrainStep` (the set-up, the masked-mean loss, the forward step); each says
+model) -> (output_tensor, loss_func)``. `GPTTrainStep`, `BertTrainStep` and
+`T5TrainStep` take Hugging Face style batches (``input_ids``, ``attention_mask``, ``labels``).
+All three share `HFTrainStep` (the set-up, the masked-mean loss, the forward step); each says
 how its batch becomes inputs and how its model is called. A custom step subclasses one of them
 (``MegatronLMPlugin.custom_train_step_class``).
 """
@@ -61,9 +61,9 @@ class HFTrainStep(AbstractTrainStep):
 
     The constructor builds the three functions once (``get_batch``, ``loss_func``, ``forward_step``).
     ``forward_step`` reads one micro-batch with ``get_batch``, calls the model through
-    :meth:`call_model` and binds the batch's loss mask to ``loss_func``; ``loss_func`` averages the
+    `call_model()` and binds the batch's loss mask to ``loss_func``; ``loss_func`` averages the
     model's per-token losses over the mask and logs ``{"lm loss": averaged over data parallel}``.
-    A subclass sets :attr:`step_name` and defines ``get_batch_func`` and :meth:`call_model`.
+    A subclass sets `step_name` and defines ``get_batch_func`` and `call_model()`.
 
     Args:
         megatron_args: The run's settings (a namespace, or the plugin). Defaults to `None`.

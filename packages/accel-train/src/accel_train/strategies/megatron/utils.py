@@ -21,7 +21,7 @@ class MegatronLMDummyScheduler:
         optimizer: the optimizer it schedules.
         total_num_steps: optimizer steps of the whole run (length of the decay).
         warmup_num_steps: steps of linear warm-up.
-        **kwargs: kept in :attr:`kwargs` (other scheduler settings).
+        **kwargs: kept in `kwargs` (other scheduler settings).
     """
 
     def __init__(

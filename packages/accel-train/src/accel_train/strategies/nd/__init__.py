@@ -1,8 +1,8 @@
 """The ND-parallel backend (tensor, context and sharded/replicated data parallelism on a device mesh).
 
-- :mod:`.config`: ``ParallelismConfig`` and its TP/CP configs, mesh building (also
+- `config`: ``ParallelismConfig`` and its TP/CP configs, mesh building (also
   ``accel_train.parallelism_config`` / ``accel.parallelism_config``);
-- :mod:`.tensor_parallel`: tensor-parallel plans; :mod:`.strategy`: ``NDParallelStrategy``.
+- `tensor_parallel`: tensor-parallel plans; `strategy`: ``NDParallelStrategy``.
 
 Data-parallel sharding goes through the FSDP backend's FSDP2 path, checkpoints through its state module.
 """

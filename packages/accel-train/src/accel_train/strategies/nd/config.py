@@ -298,7 +298,7 @@ class ParallelismConfig:
         return mesh
 
     def get_device_mesh(self, device_type: str | None = None) -> Any:
-        """The mesh built by :meth:`build_device_mesh` (built now for ``device_type`` if not yet).
+        """The mesh built by `build_device_mesh()` (built now for ``device_type`` if not yet).
 
         Args:
             device_type: Device type used to build the mesh when it does not exist yet. Defaults to `None`.

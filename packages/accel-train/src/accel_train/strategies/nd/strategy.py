@@ -4,13 +4,13 @@ dimensions, built from a ``ParallelismConfig``.
 A model is set up in a fixed order (the order in which the pieces compose):
 
 1. placed on the device and converted for the precision;
-2. tensor parallel over ``tp``: the modules of the plan become DTensor-sharded (:mod:`accel_train.strategies.nd.tensor_parallel`);
+2. tensor parallel over ``tp``: the modules of the plan become DTensor-sharded (`accel_train.strategies.nd.tensor_parallel`);
 3. activation checkpointing of the blocks, when the FSDP plugin asks for it;
 4. ``torch.compile``, when the dynamo plugin asks for it;
 5. FSDP2 (``fully_shard``) over ``dp_shard`` x ``cp`` — each unit (the plugin's auto-wrap policy, else
    the repeated blocks), then the root — with ``dp_replicate`` as the replicate dimension of HSDP.
 
-Steps 3 and 5 are the FSDP strategy's own FSDP2 path (:mod:`accel_train.strategies.fsdp.fsdp2`): every
+Steps 3 and 5 are the FSDP strategy's own FSDP2 path (`accel_train.strategies.fsdp.fsdp2`): every
 FSDP plugin setting means the same here, or is refused by name (``cpu_ram_efficient_loading``, a
 ``state_dict_type`` other than sharded).
 

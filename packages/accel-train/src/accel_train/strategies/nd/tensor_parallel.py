@@ -18,11 +18,11 @@ transformers models ship:
 ``replicate``               the module stays whole on every rank
 =========================  ================================================================================
 
-The other styles of transformers (:data:`REFUSED_STYLES`: fused ``packed_*`` projections, MoE experts,
+The other styles of transformers (`REFUSED_STYLES`: fused ``packed_*`` projections, MoE experts,
 MLA projections, ...) need sharding rules torch's styles do not express; a plan holding one is refused
 with the reason, before anything is split.
 
-:func:`resolve_plan` is pure (no process group); :func:`apply_plan` calls torch's
+`resolve_plan()` is pure (no process group); `apply_plan()` calls torch's
 ``parallelize_module`` over the tensor-parallel mesh.
 """
 

@@ -1,7 +1,7 @@
 """Pipeline-parallel training: a model split into stages over the ``pp`` dimension of the mesh.
 
-:class:`PipelineParallelConfig` (the ``pp_handler`` of ``ParallelismConfig``) holds the schedule and
-micro-batch count; the strategy (:mod:`.strategy`, registered as ``pipeline``) builds the stages with
+`PipelineParallelConfig` (the ``pp_handler`` of ``ParallelismConfig``) holds the schedule and
+micro-batch count; the strategy (`strategy`, registered as ``pipeline``) builds the stages with
 ``torch.distributed.pipelining`` and averages gradients over the data-parallel dimension. Importing
 this package imports no torch.
 """

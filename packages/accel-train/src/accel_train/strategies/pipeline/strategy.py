@@ -247,7 +247,7 @@ class PipelineStrategy(Strategy):
         target: Any,
         loss_fn: Callable[..., Any] | None,
     ) -> Any:
-        """One schedule step of ``model`` (see :class:`PipelinedModel`)."""
+        """One schedule step of ``model`` (see `PipelinedModel`)."""
         from accel_state.state import GradientState
 
         microbatches = self.pp_config.num_microbatches or self.num_stages

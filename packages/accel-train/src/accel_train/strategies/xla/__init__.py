@@ -1,1 +1,1 @@
-"""XLA / TPU training on torch_xla's public API (the strategy is in :mod:`.strategy`; no import here)."""
+"""XLA / TPU training on torch_xla's public API (the strategy is in `strategy`; no import here)."""

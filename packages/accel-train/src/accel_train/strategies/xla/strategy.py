@@ -4,10 +4,10 @@ What it asks of torch_xla (``torch_xla.core.xla_model`` as ``xm``, ``torch_xla.d
 
 - the device: the state's device (``xm.xla_device()``), where models are placed;
 - gradients: averaged over the cores with ``xm.reduce_gradients`` once per optimizer step, or earlier
-  by :meth:`clip_grad_norm_` (then the step does not reduce them again:
+  by `clip_grad_norm_()` (then the step does not reduce them again:
   ``GradientState.is_xla_gradients_synced``); with accumulation, gradients stay local until the sync step;
 - the step: ``optimizer.step()`` then nothing else: the graph is cut by ``MpDeviceLoader`` at each batch
-  (``xm.mark_step``), and by :meth:`mark_step` before state is read for a checkpoint;
+  (``xm.mark_step``), and by `mark_step()` before state is read for a checkpoint;
 - data: each prepared loader wrapped in ``MpDeviceLoader`` through the strategy's data-loader hook;
 - saving: weights moved to the CPU after ``xm.mark_step()`` and written by the main process.
 
@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from accel_state.install_hints import install_hint
 from accel_train.optimizer import AcceleratedOptimizer
 from accel_train.parallel_plugins import BackendNotAvailableError
 from accel_train.strategies.base import Prepared, Strategy
@@ -44,8 +45,8 @@ def xla_model() -> Any:
     """
     if not torch_xla_available():
         raise BackendNotAvailableError(
-            "XLA / TPU training needs torch_xla (pip install 'accel-train[xla]' on a TPU VM, with the torch_xla "
-            "release matching torch); it is not installed here"
+            "XLA / TPU training needs torch_xla, which is not installed here; on a TPU VM, with the torch_xla "
+            f"release matching torch: {install_hint('accel-train', 'xla')}"
         )
     return importlib.import_module("torch_xla.core.xla_model")
 
@@ -100,7 +101,7 @@ class XLAStrategy(Strategy):
 
         Args:
             data_loader: the user's ``torch.utils.data.DataLoader``.
-            **options: the Accelerator's data-loader settings (see :meth:`Strategy.setup_data_loader`).
+            **options: the Accelerator's data-loader settings (see `Strategy.setup_data_loader()`).
 
         Returns:
             The device loader over the sharded loader.
