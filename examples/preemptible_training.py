@@ -57,6 +57,7 @@ def main() -> None:
         automatic_checkpoint_naming=True,
         total_limit=3,
         save_on_preemption=True,  # SIGTERM: finish the step, save, exit 143
+        continue_numbering_on_load=True,  # after load_state() of checkpoint_<n>, save checkpoint_<n+1>
     )
     # use_stateful_dataloader=True: after load_state the loader continues at the saved batch (the loop
     # below does not skip by hand; without it the interrupted epoch replays from its start).

@@ -60,7 +60,11 @@ def fingerprint(model: nn.Module) -> str:
 
 def main() -> None:
     args = parse_args()
-    config = ProjectConfiguration(project_dir=args.project_dir, automatic_checkpoint_naming=True, total_limit=2)
+    # continue_numbering_on_load=True (accel's opt-in): after load_state() of checkpoint_<n> the next save is
+    # checkpoint_<n+1>; by default, as in Hugging Face Accelerate, loading leaves the numbering at 0.
+    config = ProjectConfiguration(
+        project_dir=args.project_dir, automatic_checkpoint_naming=True, total_limit=2, continue_numbering_on_load=True
+    )
     # use_stateful_dataloader=True: load_state also brings back the loader's position in the epoch.
     dataloader_config = DataLoaderConfiguration(use_stateful_dataloader=True)
     accelerator = Accelerator(

@@ -75,6 +75,7 @@ def main() -> None:
         automatic_checkpoint_naming=True,
         total_limit=2,
         save_on_preemption=os.environ.get("PREEMPT_SAVE") == "1",
+        continue_numbering_on_load=True,  # a restarted attempt saves after the checkpoint it loaded
     )
     # RESUME_SKIP=continue: the manual resume with accel's replay_epoch_on_resume (the epoch and its order come
     # back, the loop skips the seen batches); otherwise the opt-in: the loader resumes at the saved batch by itself.

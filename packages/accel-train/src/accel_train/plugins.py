@@ -131,12 +131,20 @@ class ProjectConfiguration:
         logging_dir: folder of local tracker logs (defaults to ``project_dir``).
         automatic_checkpoint_naming: save to ``checkpoints/checkpoint_{iteration}``.
         total_limit: keep at most this many automatic checkpoints (oldest complete ones removed).
-        iteration: number of the next automatic checkpoint.
+        iteration: number of the next automatic checkpoint. As in the documented system, only
+            ``save_state()`` advances it; ``load_state()`` leaves it alone, so a run that loads
+            ``checkpoint_3`` of its own project and then saves must set it (or opt in below), or the
+            save stops with an error naming the folder that already exists.
         save_on_each_node: every machine writes its own copy (no shared filesystem).
         save_on_preemption: when the job is asked to stop (SIGTERM, as SLURM and cloud schedulers
             send before they preempt it), finish the current step on every process, save a checkpoint
             with ``save_state()`` and exit with status 143 (the scheduler's "terminated, requeue");
-            the next run continues from it with ``load_state()``. Needs ``automatic_checkpoint_naming``.
+            the next run continues from it with ``load_state()``. Needs ``automatic_checkpoint_naming``
+            and ``continue_numbering_on_load`` (a resumed run must not save onto the checkpoint it loaded).
+        continue_numbering_on_load: accel's opt-in (default `False`, the documented behaviour): when
+            ``load_state()`` loads a folder named ``checkpoint_<n>``, ``iteration`` becomes at least
+            ``n + 1``, so a restarted run's next ``save_state()`` writes ``checkpoint_<n+1>`` instead of
+            colliding with an existing ``checkpoint_0``.
     """
 
     project_dir: str | None = None
@@ -146,6 +154,7 @@ class ProjectConfiguration:
     iteration: int = 0
     save_on_each_node: bool = False
     save_on_preemption: bool = False
+    continue_numbering_on_load: bool = False
 
     def __post_init__(self) -> None:
         if self.project_dir is not None:
@@ -160,11 +169,23 @@ class ProjectConfiguration:
             raise ValueError(f"ProjectConfiguration.iteration must be an int >= 0, got {self.iteration!r}")
         if not isinstance(self.save_on_preemption, bool):
             raise TypeError(f"ProjectConfiguration.save_on_preemption must be a bool, got {self.save_on_preemption!r}")
+        if not isinstance(self.continue_numbering_on_load, bool):
+            raise TypeError(
+                "ProjectConfiguration.continue_numbering_on_load must be a bool, "
+                f"got {self.continue_numbering_on_load!r}"
+            )
         if self.save_on_preemption and not self.automatic_checkpoint_naming:
             raise ValueError(
                 "ProjectConfiguration.save_on_preemption needs automatic_checkpoint_naming=True (and a project_dir): "
                 "the checkpoint taken on preemption goes to project_dir/checkpoints/checkpoint_{n}, where "
                 "load_state() finds it on the next run"
+            )
+        if self.save_on_preemption and not self.continue_numbering_on_load:
+            raise ValueError(
+                "ProjectConfiguration.save_on_preemption needs continue_numbering_on_load=True: the resumed run "
+                "loads checkpoint_{n} with load_state() and, if preempted again, must save checkpoint_{n+1}; "
+                "with the documented numbering (load_state() leaves `iteration` alone) that save would stop "
+                "on the existing checkpoint_0"
             )
 
     def set_directories(self, project_dir: str | os.PathLike | None = None) -> None:

@@ -2,20 +2,37 @@
 
 from __future__ import annotations
 
-import json
 import os
+import time
 from typing import Any
 
 from accel_tracking.general import BackendTracker, on_main_process
 from accel_tracking.values import is_number, scalar_config
+
+#: The file the run configuration is written to, in a folder of its own under the run's directory.
+HPARAMS_FILE = "hparams.yml"
+
+
+def _import_yaml() -> Any:
+    """PyYAML, which writes ``hparams.yml``; part of the ``tensorboard`` extra."""
+    try:
+        import yaml
+    except ImportError as error:
+        raise ImportError(
+            "The tensorboard tracker writes the run configuration to hparams.yml with PyYAML, which is not "
+            'installed: pip install "accel-tracking[tensorboard]"'
+        ) from error
+    return yaml
 
 
 class TensorBoardTracker(BackendTracker):
     """Writes TensorBoard event files into ``<logging_dir>/<run_name>``.
 
     The config goes to TensorBoard's HParams tab in the same event file (nested keys flattened as
-    ``a/b``, lists and ``None`` as text) and, unchanged, to ``hparams.json`` beside it. Numbers are
-    logged with ``add_scalar``, strings with ``add_text`` and dicts of numbers with ``add_scalars``.
+    ``a/b``, lists and ``None`` as text) and, unchanged, to ``<logging_dir>/<run_name>/<time>/hparams.yml``
+    (YAML, keys sorted; ``<time>`` is ``time.time()`` when it is stored), the file and place the
+    documented system writes it to. Numbers are logged with ``add_scalar``, strings with ``add_text`` and
+    dicts of numbers with ``add_scalars``.
 
     Args:
         run_name: the run's name (a sub-directory of ``logging_dir``).
@@ -42,6 +59,7 @@ class TensorBoardTracker(BackendTracker):
         return writer_cls(self.logging_dir, **self.init_kwargs)
 
     def _store_config(self, config: dict[str, Any]) -> None:
+        yaml = _import_yaml()  # before anything is written: a missing PyYAML leaves no half-stored config
         flat = scalar_config(config)
         try:
             from torch.utils.tensorboard.summary import hparams
@@ -49,10 +67,11 @@ class TensorBoardTracker(BackendTracker):
             from tensorboardX.summary import hparams  # type: ignore[no-redef]
         for summary in hparams(flat, {}):
             self._run.file_writer.add_summary(summary)
-        os.makedirs(self.logging_dir, exist_ok=True)
-        with open(os.path.join(self.logging_dir, "hparams.json"), "w", encoding="utf-8") as handle:
-            json.dump(config, handle, indent=2, default=str)
         self._run.flush()
+        folder = os.path.join(self.logging_dir, str(time.time()))
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, HPARAMS_FILE), "w", encoding="utf-8") as handle:
+            yaml.safe_dump(config, handle)  # config is plain data (normalize_config): safe_dump always takes it
 
     def _log(self, values: dict[str, Any], step: int | None, **kwargs: Any) -> None:
         for key, value in values.items():

@@ -17,6 +17,7 @@ import torch
 from accel_train._lazy_modules import checkpoint_io as io
 from accel_train._lazy_modules import checkpointing as ckpt
 from accel_train._lazy_modules import preemption
+from accel_train.checkpoint import numbering
 
 __all__ = ["Checkpointer", "RemovableHandle"]
 
@@ -168,17 +169,12 @@ class Checkpointer:
             The folder the checkpoint was written to.
 
         Raises:
-            ValueError: with automatic naming, if there is no project folder or the checkpoint already exists.
+            ValueError: with automatic naming, if there is no project folder, or if ``checkpoint_<iteration>``
+                or a newer checkpoint already exists (nothing is written or removed; the message says what to set).
         """
         config = self.project_configuration
         if config.automatic_checkpoint_naming:
-            base = self._checkpoints_base()
-            output_dir = os.path.join(base, f"checkpoint_{config.iteration}")
-            if os.path.exists(output_dir):
-                raise ValueError(
-                    f"Checkpoint directory {output_dir} ({config.iteration}) already exists; set "
-                    "`accelerator.project_configuration.iteration` to the number to continue from"
-                )
+            output_dir = numbering.next_checkpoint_dir(self._checkpoints_base(), config.iteration)
         elif output_dir is None:
             raise ValueError(
                 "save_state needs an `output_dir` (or a ProjectConfiguration with automatic_checkpoint_naming)"
@@ -338,7 +334,11 @@ class Checkpointer:
         **load_model_func_kwargs: Any,
     ) -> None:
         """Restore everything `save_state()` wrote; with automatic naming and no ``input_dir``,
-        the latest complete checkpoint (and later saves continue its numbering).
+        the latest complete checkpoint.
+
+        As documented, loading leaves ``project_configuration.iteration`` (the number of the next automatic
+        checkpoint) alone; with ``ProjectConfiguration(continue_numbering_on_load=True)``, loading a folder
+        named ``checkpoint_<n>`` raises it to at least ``n + 1``.
 
         Never unpickles Python objects; a folder that does not match what was prepared is an error
         that lists the missing and extra files.
@@ -359,17 +359,12 @@ class Checkpointer:
                 raise ValueError(
                     "load_state needs an `input_dir` (or a ProjectConfiguration with automatic_checkpoint_naming)"
                 )
-            found = ckpt.list_checkpoints(self._checkpoints_base())
+            found = numbering.list_checkpoints(self._checkpoints_base())
             if not found:
                 raise FileNotFoundError(f"no complete checkpoint in {self._checkpoints_base()} to load")
-            number, input_dir = found[-1]
-            config.iteration = number + 1
+            input_dir = found[-1][1]
         else:
             input_dir = os.fspath(input_dir)
-            if config.automatic_checkpoint_naming:
-                match = ckpt._CHECKPOINT_RE.match(os.path.basename(os.path.normpath(input_dir)))
-                if match:
-                    config.iteration = max(config.iteration, int(match.group(1)) + 1)
         folder = ckpt.resolve_input_dir(input_dir)
 
         models = list(self._models)
@@ -420,6 +415,8 @@ class Checkpointer:
         strategy.restore_gradients(models, io_.load_weights(grads_path, device) if os.path.isfile(grads_path) else None)
         if manifest is not None and isinstance(manifest.get("step"), int):
             self.step = manifest["step"]
+        if config.continue_numbering_on_load:  # accel's opt-in; as documented, loading leaves it alone
+            config.iteration = numbering.continued_iteration(config.iteration, input_dir)
         logger.info("loaded state from %s", folder)
 
     # -- single objects and models ------------------------------------------------------------------

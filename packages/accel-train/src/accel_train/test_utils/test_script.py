@@ -179,14 +179,16 @@ def resume_after_restart(accelerator: Accelerator) -> str:
     def run(project: str, stop_after: int | None) -> list[torch.Tensor]:
         """One 'process lifetime': prepare, resume if a checkpoint exists, train (until ``stop_after``)."""
         accelerator.free_memory()
-        accelerator.project_configuration = ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True)
+        accelerator.project_configuration = ProjectConfiguration(
+            project_dir=project, automatic_checkpoint_naming=True, continue_numbering_on_load=True
+        )
         torch.manual_seed(2)
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         loader = torch.utils.data.DataLoader(data, batch_size=2, shuffle=True)
         model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
         if os.path.isdir(os.path.join(project, "checkpoints")):
-            accelerator.load_state()  # the latest complete checkpoint; later saves continue its numbering
+            accelerator.load_state()  # the latest complete checkpoint; later saves continue its numbering (opted in)
         for batches, (x,) in enumerate(loader, start=1):
             with accelerator.accumulate(model):
                 accelerator.backward(model(x).pow(2).mean())
