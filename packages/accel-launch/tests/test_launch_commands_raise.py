@@ -41,19 +41,35 @@ def test_launch_cli_keeps_one_line_and_status_2(tmp_path) -> None:
 
 
 def test_to_fsdp2_command_raises_the_documented_exceptions(tmp_path, capsys) -> None:
+    # The types are those accelerate 1.15's to_fsdp2_command raises for the same input (issue 37).
     parser = to_fsdp2.to_fsdp2_command_parser()
+
+    def convert(*argv: str) -> int:
+        return to_fsdp2.to_fsdp2_command(parser.parse_args(list(argv)))
+
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        to_fsdp2.to_fsdp2_command(parser.parse_args(["--config_file", str(tmp_path / "none.yaml")]))
+        convert("--config_file", str(tmp_path / "none.yaml"), "--overwrite")
+    with pytest.raises(IsADirectoryError, match="is a folder"):
+        convert("--config_file", str(tmp_path), "--overwrite")
     source = tmp_path / "fsdp1.yaml"
     source.write_text(
         yaml.safe_dump({"distributed_type": "FSDP", "fsdp_config": {"fsdp_sharding_strategy": "NO_SHARD"}})
     )
+    with pytest.raises(ValueError, match="no --output_file given: .*--overwrite") as neither:
+        convert("--config_file", str(source))
+    assert not isinstance(neither.value, OSError)  # was FileExistsError; the documented type is ValueError
     with pytest.raises(FileExistsError, match="--overwrite"):
-        to_fsdp2.to_fsdp2_command(parser.parse_args(["--config_file", str(source)]))
+        convert("--config_file", str(source), "--output_file", str(source))
     with pytest.raises(ValueError, match="NO_SHARD"):
-        to_fsdp2.to_fsdp2_command(parser.parse_args(["--config_file", str(source), "--overwrite"]))
-    assert to_fsdp2.run(parser.parse_args(["--config_file", str(source)])) == 2
-    assert capsys.readouterr().err.startswith("accel to-fsdp2: error:")
+        convert("--config_file", str(source), "--overwrite")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("fsdp_config: [1, 2\n")
+    with pytest.raises(yaml.YAMLError, match="not valid YAML") as invalid:
+        convert("--config_file", str(broken), "--overwrite")
+    assert isinstance(invalid.value, ConfigError)  # and still accel's ValueError
+    for argv in (["--config_file", str(source)], ["--config_file", str(tmp_path), "--overwrite"]):
+        assert to_fsdp2.run(parser.parse_args(argv)) == 2
+        assert capsys.readouterr().err.startswith("accel to-fsdp2: error:")
 
 
 def test_tpu_command_raises_and_dev_installs_accel(capsys) -> None:

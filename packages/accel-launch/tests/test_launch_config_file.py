@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -321,5 +322,9 @@ def test_missing_file_names_path(tmp_path: Path) -> None:
 
 
 def test_invalid_yaml_is_clear(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="not valid YAML"):
+    with pytest.raises(ConfigError, match="not valid YAML") as raised:
         load_config_from_file(_write(tmp_path, "a: [1, 2\n"))
+    # also PyYAML's error, which the documented system lets through (issue 37), and picklable
+    assert isinstance(raised.value, yaml.YAMLError)
+    again = pickle.loads(pickle.dumps(raised.value))
+    assert type(again) is type(raised.value) and str(again) == str(raised.value)

@@ -8,6 +8,7 @@ import signal
 from types import SimpleNamespace
 
 import pytest
+from launch_helpers import run_cli
 
 from accel_launch.commands.config.config_args import config_from_dict
 from accel_launch.dry_run import print_plan
@@ -25,7 +26,9 @@ def plan_of(argv: list[str], env: dict | None = None, config: dict | None = None
     args = launch_command_parser().parse_args([*argv, "train.py"])
     cfg = config_from_dict(config, source="c.yaml") if config is not None else None
     topology = launch_topology(env or {})
-    return resolve(given_flags(args), cfg, machine, args.training_script, args.training_script_args, topology)
+    return resolve(
+        given_flags(args), cfg, machine, args.training_script, args.training_script_args, topology, environ=env or {}
+    )
 
 
 PET = {
@@ -80,6 +83,72 @@ def test_gpu_request_without_gpu() -> None:
     on_gpu = plan_of(["--multi_gpu", "--gpu_ids", "0,1"], machine=GPU4)
     assert on_gpu.env["CUDA_VISIBLE_DEVICES"] == "0,1" and not on_gpu.warnings
     assert not plan_of(["--gpu_ids", "all"]).warnings  # "all" asks for nothing in particular
+
+
+MULTI_GPU_ON_CPU = {"distributed_type": "MULTI_GPU", "num_processes": 2, "use_cpu": True}
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "config", "source"),
+    [
+        (
+            ["--multi_gpu", "--num_processes", "2"],
+            {"ACCELERATE_USE_CPU": "true"},
+            None,
+            "environment ACCELERATE_USE_CPU",
+        ),
+        (["--multi_gpu", "--gpu_ids", "0,1", "--num_processes", "2"], {"ACCELERATE_USE_CPU": "1"}, None, "environment"),
+        (["--multi_gpu"], None, {"num_processes": 2, "use_cpu": True}, "config file c.yaml (use_cpu: true)"),
+        ([], None, MULTI_GPU_ON_CPU, "config file c.yaml"),
+    ],
+)
+def test_multi_gpu_runs_on_the_cpu_the_user_chose(argv: list[str], env: dict, config: dict, source: str) -> None:
+    plan = plan_of(argv, env, config)
+    assert plan.values["cpu"] and not plan.values["multi_gpu"] and plan.num_processes == 2
+    assert plan.mode == "torchrun" and plan.env["ACCELERATE_USE_CPU"] == "true"
+    assert "CUDA_VISIBLE_DEVICES" not in plan.env and plan.sources["cpu"].startswith(source)
+    assert not plan.warnings  # a choice, not a fall-back: nothing to warn about
+    summary = io.StringIO()
+    print_plan(plan, as_json=True, out=summary)
+    assert json.loads(summary.getvalue())["backend"] == {"value": "gloo", "source": plan.sources["cpu"]}
+
+
+def test_the_cpu_choice_does_not_override_gpus_that_exist() -> None:
+    flag_over_file = plan_of(["--multi_gpu"], config={"num_processes": 2, "use_cpu": True}, machine=GPU4)
+    assert not flag_over_file.values["cpu"] and flag_over_file.env["ACCELERATE_USE_CPU"] == "false"
+    with_env = plan_of(["--multi_gpu", "--num_processes", "2"], {"ACCELERATE_USE_CPU": "true"}, machine=GPU4)
+    assert with_env.values["multi_gpu"] and "ACCELERATE_USE_CPU" in with_env.defaulted_env  # the exported value wins
+
+
+def test_the_cpu_choice_is_read_only_where_it_matters_and_must_be_a_boolean() -> None:
+    with pytest.raises(ConfigError, match="this machine has none.*ACCELERATE_USE_CPU=true in the environment"):
+        plan_of(["--multi_gpu"], {"ACCELERATE_USE_CPU": "false"})
+    with pytest.raises(ConfigError, match=r"ACCELERATE_USE_CPU='maybe' in the environment is not a boolean"):
+        plan_of(["--multi_gpu"], {"ACCELERATE_USE_CPU": "maybe"})
+    assert plan_of(["--cpu"], {"ACCELERATE_USE_CPU": "maybe"}).values["cpu"]  # not consulted: no GPU asked for
+    with pytest.raises(ConfigError, match="--cpu cannot be combined with --multi_gpu"):  # both flags: as documented
+        plan_of(["--cpu", "--multi_gpu"], {"ACCELERATE_USE_CPU": "true"})
+
+
+def test_multi_gpu_with_the_cpu_chosen_in_the_environment_starts_two_cpu_processes(tmp_path, config_home) -> None:
+    from accel_launch.machine import detect_machine
+
+    if detect_machine().has_accelerator:
+        pytest.skip("with an accelerator --multi_gpu runs there; this checks the machine without one")
+    script = tmp_path / "report.py"
+    script.write_text(
+        "import torch\nfrom accel_state.state import PartialState\nfrom accel_state.operations import reduce\n"
+        "s = PartialState()\ntotal = reduce(torch.tensor([1.0]), reduction='sum').item()\n"
+        "print('RANK', s.process_index, s.num_processes, s.distributed_type, s.backend, total, flush=True)\n"
+    )
+    shown = run_cli(
+        ["launch", "--multi_gpu", "--num_processes", "2", str(script)],
+        env={"ACCELERATE_USE_CPU": "true", "HF_HOME": str(config_home)},
+        timeout=240,
+    )
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    ranks = sorted(line.split()[1:] for line in shown.stdout.splitlines() if line.startswith("RANK"))
+    assert ranks == [[str(rank), "2", "DistributedType.MULTI_CPU", "gloo", "2.0"] for rank in (0, 1)]  # one group
 
 
 def test_dry_run_text_names_each_source() -> None:

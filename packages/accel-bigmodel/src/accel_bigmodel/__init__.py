@@ -95,7 +95,7 @@ _export(
 )
 _export("sharding", "parse_size", "split_state_dict_into_shards", "save_sharded", "ShardPlan")
 _export("inference", "prepare_pippy")
-_export("estimate", "create_empty_model", "estimate_memory", "EstimateRow")
+_export("estimate", "create_empty_model", "estimate_memory", "EstimateRow", "ModelBuildError")
 
 __all__ = ["__version__", *_EXPORTS]
 

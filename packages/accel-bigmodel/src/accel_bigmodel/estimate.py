@@ -21,6 +21,12 @@ DTYPE_DIVISORS = {"float32": 1, "float16": 2, "bfloat16": 2, "int8": 4, "int4": 
 ALL_DTYPES = ("float32", "float16", "int8", "int4")
 
 
+class ModelBuildError(RuntimeError):
+    """The model's library found nothing it can build from what was given (an unknown architecture, a
+    repository or folder without a model config). A ``RuntimeError``, the type the documented system raises
+    for it; the message names the model and the library's own reason."""
+
+
 class EstimateRow(NamedTuple):
     """Memory figures (bytes) for one dtype; also a sequence ``[dtype, largest_layer, total_size,
     training]``, the row the documented system's ``gather_data`` returns."""
@@ -117,6 +123,14 @@ def create_empty_model(
         library_name: `transformers` or `timm`; `None` guesses from the name.
         trust_remote_code: Allow the model's own code from its repository to run (transformers).
         access_token: Token for a gated or private repository.
+
+    Raises:
+        OSError: the Hub has no such repository, it is gated, or cannot be reached; a local config file
+            named is missing (``FileNotFoundError``).
+        ValueError: the name is neither a Hub id nor a local file, the factory cannot be imported, the
+            Hub does not say which library the model uses, or the library is not supported.
+        ModelBuildError: the library found no model to build (a ``RuntimeError``).
+        ImportError: the library (transformers, timm) or huggingface_hub is not installed.
     """
     if ":" in model_name and not os.path.exists(model_name) and library_name in (None, "torch"):
         module_name, _, attr = model_name.partition(":")
@@ -150,7 +164,9 @@ def _guess_library(model_name: str, access_token: str | None) -> str:
     if os.path.isdir(model_name) or model_name.endswith(".json"):
         config_path = os.path.join(model_name, "config.json") if os.path.isdir(model_name) else model_name
         if not os.path.isfile(config_path):
-            raise ValueError(f"{model_name!r} has no config.json: pass a transformers config file or folder.")
+            raise FileNotFoundError(
+                f"{config_path!r} does not exist: pass a transformers config.json, a folder holding one, or a Hub id."
+            )
         with open(config_path, encoding="utf-8") as f:
             config = json.load(f)
         return "timm" if "architecture" in config and "model_type" not in config else "transformers"
@@ -161,18 +177,46 @@ def _guess_library(model_name: str, access_token: str | None) -> str:
             f"Finding {model_name!r} on the Hub needs huggingface_hub (or pass a local config file): "
             f"{install_hint('accel-bigmodel', 'hub')}."
         )
-    from huggingface_hub import model_info
-
-    try:
-        info = model_info(model_name, token=access_token)
-    except Exception as err:
-        raise ValueError(f"Cannot find {model_name!r} on the Hub ({type(err).__name__}: {err}).") from None
+    info = _hub_model_info(model_name, access_token)
     library = getattr(info, "library_name", None)
     if library not in ("transformers", "timm"):
         raise ValueError(
             f"{model_name!r} does not say which library it uses ({library!r}): pass --library_name transformers or timm."
         )
     return library
+
+
+def _hub_model_info(model_name: str, access_token: str | None) -> Any:
+    """The Hub's information on ``model_name``, its failures in the documented system's types: ``OSError``
+    for a repository that does not exist, is gated or cannot be reached, ``ValueError`` for a name that
+    cannot be a Hub id."""
+    from huggingface_hub import model_info
+    from huggingface_hub.utils import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        return model_info(model_name, token=access_token)
+    except GatedRepoError:  # a subclass of RepositoryNotFoundError: first
+        raise OSError(
+            f"{model_name!r} is gated on the Hub: log in (`hf auth login`) with an account that was granted access."
+        ) from None
+    except RepositoryNotFoundError:
+        raise OSError(
+            f"{model_name!r} is not a model on the Hub (or a private one this account cannot see): check the id, "
+            "or log in (`hf auth login`)."
+        ) from None
+    except OSError as err:  # offline, no connection, a server error
+        raise OSError(
+            f"Cannot look {model_name!r} up on the Hub ({type(err).__name__}: {err}): check the connection, or "
+            "pass a local config.json or a folder holding one."
+        ) from None
+    except ValueError as err:  # not the form of a Hub id
+        raise ValueError(
+            f"{model_name!r} is neither a Hub model id nor a local config.json or folder ({err})."
+        ) from None
+
+
+#: What transformers says when a repository or folder holds no model config it knows.
+_NO_TRANSFORMERS_MODEL = ("does not appear to have a file named", "Unrecognized model in")
 
 
 def _transformers_model(model_name: str, trust_remote_code: bool, access_token: str | None) -> nn.Module:
@@ -185,7 +229,14 @@ def _transformers_model(model_name: str, trust_remote_code: bool, access_token: 
     import transformers
 
     source = os.path.dirname(model_name) if model_name.endswith(".json") else model_name
-    config = transformers.AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, token=access_token)
+    try:
+        config = transformers.AutoConfig.from_pretrained(
+            source, trust_remote_code=trust_remote_code, token=access_token
+        )
+    except (OSError, ValueError) as err:
+        if not any(phrase in str(err) for phrase in _NO_TRANSFORMERS_MODEL):
+            raise
+        raise ModelBuildError(f"transformers found no model to build in {model_name!r}: {err}") from err
     auto = transformers.AutoModel
     for arch in getattr(config, "architectures", None) or []:
         candidate = getattr(transformers, arch, None)
@@ -205,8 +256,13 @@ def _timm_model(model_name: str) -> nn.Module:
         raise ImportError(f"Building {model_name!r} needs timm: {install_hint('accel-bigmodel', 'timm')}.")
     import timm
 
-    with init_empty_weights():
-        return timm.create_model(model_name, pretrained=False)
+    try:
+        with init_empty_weights():
+            return timm.create_model(model_name, pretrained=False)
+    except RuntimeError as err:
+        if "Unknown model" not in str(err):
+            raise
+        raise ModelBuildError(f"timm has no model named {model_name!r}: {err}") from err
 
 
 def verify_on_hub(repo: str, token: str | None = None) -> Any:

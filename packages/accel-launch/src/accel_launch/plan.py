@@ -8,7 +8,7 @@ through ``accel_state.env_vars.encode``. Nothing here starts a process, reads a 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,6 +161,9 @@ def config_values(config: Any) -> dict[str, Any]:
     if isinstance(dtype, DistributedType):
         if dtype in _TYPE_FLAGS:
             out.update(_TYPE_FLAGS[dtype])
+        elif dtype.name.startswith("MULTI_") and out.get("cpu"):
+            # `use_cpu: true` beside a multi-device type: the file chose the CPU, for several processes
+            out.update(_TYPE_FLAGS[DistributedType.MULTI_CPU])
         elif dtype.name.startswith("MULTI_"):
             out["multi_gpu"] = True
     return out
@@ -289,6 +292,7 @@ def resolve(
     training_script: str = "",
     training_script_args: tuple[str, ...] | list[str] = (),
     topology: Any = None,
+    environ: Mapping[str, str] | None = None,
 ) -> LaunchPlan:
     """The launch plan for ``flags`` (given flags only), ``config`` (a loaded config or None) on ``machine``.
 
@@ -301,6 +305,8 @@ def resolve(
         topology: what a scheduler says about the run (`accel_state.cluster.launch_topology()`):
             fills the machines, machine rank, rendezvous address and processes the flags leave open,
             over the config file.
+        environ: the user's environment (none when None); only ``ACCELERATE_USE_CPU`` is read, as a
+            choice of the CPU that lets ``--multi_gpu`` / ``--gpu_ids`` run there on a machine without GPU.
 
     Returns:
         The `LaunchPlan` (nothing started).
@@ -322,7 +328,7 @@ def resolve(
         warnings.append(ignored)
     _check_paradigms(values)
     notes: list[str] = []
-    _check_gpu_request(values, machine, sources, warnings)
+    _check_gpu_request(values, machine, sources, warnings, lambda: _cpu_choice(config, environ or {}))
     if values.get("gradient_accumulation_steps") is not None and not values.get("use_deepspeed"):
         warnings.append(
             f"{_named('gradient_accumulation_steps', sources)} is a DeepSpeed setting: it fills "
@@ -415,11 +421,34 @@ def _named(name: str, sources: Mapping[str, str]) -> str:
     return f"--{name}" if source.startswith("flag") else f"{name} ({source})"
 
 
+def _cpu_choice(config: Any, environ: Mapping[str, str]) -> str | None:
+    """Where the user chose the CPU outside the flags, or None: ``use_cpu: true`` in the config file
+    (also when a hardware flag replaced the file's choice), or ``ACCELERATE_USE_CPU`` in the environment."""
+    if config is not None and getattr(config, "use_cpu", False):
+        where = getattr(config, "source", None)
+        return f"config file {where} (use_cpu: true)" if where else "config file (use_cpu: true)"
+    raw = environ.get("ACCELERATE_USE_CPU")
+    if raw is None or not raw.strip():
+        return None
+    try:
+        chosen = env_vars.read("ACCELERATE_USE_CPU", {"ACCELERATE_USE_CPU": raw})
+    except ValueError:
+        raise ConfigError(
+            f"ACCELERATE_USE_CPU={raw!r} in the environment is not a boolean: set it to true or false, or unset it"
+        ) from None
+    return "environment ACCELERATE_USE_CPU" if chosen else None
+
+
 def _check_gpu_request(
-    values: dict[str, Any], machine: MachineInfo, sources: Mapping[str, str], out: list[str]
+    values: dict[str, Any],
+    machine: MachineInfo,
+    sources: dict[str, str],
+    out: list[str],
+    cpu_choice: Callable[[], str | None] | None = None,
 ) -> None:
-    """``--multi_gpu`` or ``--gpu_ids`` on a machine without an accelerator: an error, or with
-    ``--cpu_fallback`` a CPU run that says so (in ``out``)."""
+    """``--multi_gpu`` or ``--gpu_ids`` on a machine without an accelerator: a run on the CPU when the user
+    chose it (``cpu_choice`` says where: config file or environment), with ``--cpu_fallback`` a CPU run
+    that says so (in ``out``), else an error."""
     if machine.has_accelerator or values.get("cpu") or values.get("tpu"):
         return
     asked = [
@@ -429,12 +458,19 @@ def _check_gpu_request(
     ]
     if not asked:
         return
-    if not values.get("cpu_fallback"):
+    chosen = cpu_choice() if cpu_choice is not None else None
+    if chosen is None and not values.get("cpu_fallback"):
         raise ConfigError(
             f"{' and '.join(asked)} asks for GPUs, but this machine has none (torch finds no CUDA, XPU, NPU, MLU, "
-            "MUSA or HPU device): pass --cpu to run on the CPU, or add --cpu_fallback to fall back to it"
+            "MUSA or HPU device): to run on the CPU, pass --cpu instead (or set `use_cpu: true` in the config file, "
+            "or ACCELERATE_USE_CPU=true in the environment), or add --cpu_fallback to fall back to it"
         )
-    out.append(f"{' and '.join(asked)} asks for GPUs, but this machine has none: running on the CPU (--cpu_fallback)")
+    if chosen is not None:  # the CPU the user chose: no fall-back to announce, its source in the plan
+        sources["cpu"] = chosen
+    else:
+        out.append(
+            f"{' and '.join(asked)} asks for GPUs, but this machine has none: running on the CPU (--cpu_fallback)"
+        )
     values["multi_gpu"] = False
     values["gpu_ids"] = None
     values["cpu"] = True

@@ -301,21 +301,17 @@ class PartialState:
         if self.device.type not in ("cpu", "mps") and self.device.index is not None:
             getattr(_torch(), self.device.type).set_device(self.device)
 
-    def destroy_process_group(self, group: Any = None) -> None:
-        """Tear down the process group this state started (or ``group``).
+    @staticmethod
+    def destroy_process_group(group: Any = None) -> None:
+        """Tear down the process group this state started (or ``group``); nothing when there is none.
+
+        The state is shared by every instance, so this needs none: it may be called on the class
+        (``PartialState.destroy_process_group()``) and after ``_reset_state()``.
 
         Args:
-            group: The process group to destroy; `None` destroys the default group.
+            group: The process group to destroy; `None` destroys the default group, when accel started it.
         """
-        import torch.distributed as dist
-
-        if group is not None:
-            dist.destroy_process_group(group)
-        elif (self._shared_state.get("_owns_process_group") or _STARTED["default_group"]) and dist.is_initialized():
-            # A state reset forgets the shared state, not that this process started the group.
-            dist.destroy_process_group()
-            self._shared_state["_owns_process_group"] = False
-            _STARTED["default_group"] = False
+        _destroy_process_group(group)
 
     @staticmethod
     def _reset_state() -> None:
@@ -337,6 +333,26 @@ class PartialState:
 _STARTED = {"default_group": False}
 
 
+def _destroy_process_group(group: Any = None) -> None:
+    """``group``, or the default group when accel started it; a no-op without torch.distributed or a group.
+
+    Reads only module and class state, never an instance's: it works after a state reset, where
+    instances have forgotten everything.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if group is not None:
+        dist.destroy_process_group(group)
+    elif PartialState._shared_state.get("_owns_process_group") or _STARTED["default_group"]:
+        # A state reset forgets the shared state, not that this process started the group.
+        dist.destroy_process_group()
+        if "_owns_process_group" in PartialState._shared_state:
+            PartialState._shared_state["_owns_process_group"] = False
+        _STARTED["default_group"] = False
+
+
 def _destroy_at_exit() -> None:
     """Free process groups while the interpreter is still whole.
 
@@ -347,7 +363,7 @@ def _destroy_at_exit() -> None:
 
     gc.collect()
     with contextlib.suppress(Exception):
-        PartialState().destroy_process_group()
+        _destroy_process_group()  # no PartialState(): at exit, building one could start a group
 
 
 _PLUGIN_TYPES = {
@@ -538,6 +554,18 @@ class AcceleratorState:
         AcceleratorState._shared_state.clear()
         if reset_partial_state:
             PartialState._reset_state()
+
+    @staticmethod
+    def destroy_process_group(group: Any = None) -> None:
+        """Tear down the process group accel started (or ``group``); nothing when there is none.
+
+        Callable on the class (``AcceleratorState.destroy_process_group()``) and after
+        ``_reset_state()``, as on an instance: the process group belongs to the process, not to a state.
+
+        Args:
+            group: The process group to destroy; `None` destroys the default group, when accel started it.
+        """
+        _destroy_process_group(group)
 
     # Process-control helpers are those of PartialState.
     def wait_for_everyone(self) -> None:

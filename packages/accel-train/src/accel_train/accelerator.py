@@ -264,6 +264,12 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
 
         Returns:
             The prepared objects, in the order given.
+
+        Raises:
+            ValueError: ``device_placement`` does not have one entry per object; a model dispatched over
+                several devices in a distributed run; a model with weights on the ``meta`` device that no
+                offload hook holds (`UnloadedWeightsError`, raised
+                before anything is moved or registered).
         """
         if device_placement is None:
             device_placement = [None] * len(args)
@@ -271,11 +277,14 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
             raise ValueError(
                 f"device_placement has {len(device_placement)} entries but {len(args)} objects were passed to prepare"
             )
+        models = [i for i, obj in enumerate(args) if isinstance(obj, torch.nn.Module) and not _is_prepared(obj)]
+        for i in models:  # every model is checked before any object is prepared
+            self._check_device_map(args[i])
+            self._check_weights_loaded(args[i])
         result = list(args)
         for index, obj in enumerate(args):
             if isinstance(obj, torch.utils.data.DataLoader):
                 result[index] = self.prepare_data_loader(obj, device_placement=device_placement[index])
-        models = [i for i, obj in enumerate(args) if isinstance(obj, torch.nn.Module) and not _is_prepared(obj)]
         optimizers = [
             i
             for i, obj in enumerate(args)
@@ -284,8 +293,6 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         schedulers = [i for i, obj in enumerate(args) if _is_scheduler(obj) and not _is_prepared(obj)]
         if models or optimizers or schedulers:
             placements = [self._placement(device_placement[i]) for i in models]
-            for i in models:
-                self._check_device_map(args[i])
             prepared = self._strategy.setup(
                 [args[i] for i in models],
                 [args[i] for i in optimizers],
@@ -318,6 +325,15 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
                 "its layers are spread over several devices. Load it on one device per process, or run one "
                 "process (`--num_processes=1`)."
             )
+
+    def _check_weights_loaded(self, model: torch.nn.Module, evaluation_mode: bool = False) -> None:
+        """Refuse, before anything moves, a model with ``meta`` weights that no offload hook holds
+        (built under ``init_empty_weights()`` and never loaded), unless the backend fills them itself."""
+        from accel_train.unloaded_weights import UnloadedWeightsError, unloaded_weights
+
+        names, total = unloaded_weights(model)
+        if names and not self._strategy.materialises_meta_weights(evaluation_mode):
+            raise UnloadedWeightsError(type(model).__name__, names, total)
 
     def _remember(self, obj: Any) -> None:
         if isinstance(obj, torch.optim.Optimizer):
@@ -371,12 +387,16 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
 
         Raises:
             TypeError: if ``model`` is not a ``torch.nn.Module``.
+            ValueError: a model with weights on the ``meta`` device that no offload hook holds
+                (`UnloadedWeightsError`), or one dispatched over several
+                devices in a distributed run.
         """
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"prepare_model takes a torch.nn.Module, got {type(model).__name__}")
         if _is_prepared(model):
             return model
         self._check_device_map(model)
+        self._check_weights_loaded(model, evaluation_mode)
         prepared = self._strategy.setup([model], [], [], [self._placement(device_placement)], evaluation_mode)
         return self._register_model(prepared.models[0])
 

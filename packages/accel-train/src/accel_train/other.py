@@ -20,6 +20,7 @@ import torch
 from accel_bigmodel.estimate import convert_bytes
 from accel_state.environment import check_os_kernel
 from accel_state.logging import get_logger
+from accel_state.operations import CannotPadNestedTensorWarning
 from accel_train import wrappers
 from accel_train.checkpoint_io import load, save
 
@@ -57,10 +58,6 @@ class CustomDtype(enum.Enum):
     FP8 = "fp8"
     INT4 = "int4"
     INT2 = "int2"
-
-
-class CannotPadNestedTensorWarning(UserWarning):
-    """Warned when ``pad_across_processes`` meets a nested tensor, which it cannot pad."""
 
 
 # -- compiled modules and unwrapping: the same functions as accel_train.wrappers ----------------------

@@ -44,12 +44,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The CLI: `estimate_command()`, a model that cannot be built as one line and exit status 1."""
+    """The CLI: `estimate_command()`, a model that cannot be found or built as one line and exit status 1."""
     import sys
+
+    from accel_bigmodel.estimate import ModelBuildError
 
     try:
         return estimate_command(args)
-    except (ValueError, ImportError) as err:
+    except (ValueError, ImportError, OSError, ModelBuildError) as err:
         print(f"accel estimate-memory: {err}", file=sys.stderr)
         return 1
 
@@ -71,7 +73,12 @@ def estimate_command(args: argparse.Namespace) -> int:
         0 once the table is printed.
 
     Raises:
-        ValueError: the model cannot be found or built from what was given.
+        OSError: the model is not on the Hub, is gated, or the Hub cannot be reached; a local config file
+            named does not exist (``FileNotFoundError``). The documented system's type for these.
+        ValueError: the name is no Hub id or local file, the factory cannot be imported, or the Hub does
+            not say which library the model uses.
+        RuntimeError: the library found no model to build in what was given
+            (`ModelBuildError`).
         ImportError: the model's library (transformers, timm) is not installed.
     """
     from accel_bigmodel.estimate import format_table

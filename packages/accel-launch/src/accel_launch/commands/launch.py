@@ -60,7 +60,9 @@ def plan_launch(args: argparse.Namespace) -> Any:
     )
     machine = cpu_machine() if forced_cpu else detect_machine()
     topology = launch_topology(os.environ)
-    plan = resolve(flags, config, machine, args.training_script, args.training_script_args, topology)
+    plan = resolve(
+        flags, config, machine, args.training_script, args.training_script_args, topology, environ=os.environ
+    )
     if not flags.get("quiet"):
         for warning in plan.warnings:
             print(f"accel launch: warning: {warning}", file=sys.stderr)

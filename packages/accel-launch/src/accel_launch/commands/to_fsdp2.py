@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     """The CLI: `to_fsdp2_command()`, its errors as one line and exit status 2."""
     try:
         return to_fsdp2_command(args)
-    except (ValueError, FileNotFoundError, FileExistsError) as error:
+    except (ValueError, OSError) as error:  # OSError: FileNotFoundError, IsADirectoryError, FileExistsError, ...
         print(f"accel to-fsdp2: error: {error}", file=sys.stderr)
         return 2
 
@@ -131,9 +131,12 @@ def to_fsdp2_command(args: argparse.Namespace) -> int:
         0 once the converted file is written (the changes are printed).
 
     Raises:
-        FileNotFoundError: the config file does not exist.
+        FileNotFoundError: the config file does not exist (``IsADirectoryError``: it is a folder).
+        ValueError: neither ``--output_file`` nor ``--overwrite`` was given; the file is empty or not a
+            valid config, or its settings have no FSDP2 equivalent.
         FileExistsError: the output file exists and ``--overwrite`` was not given.
-        ValueError: the file is empty or not a valid config, or its settings have no FSDP2 equivalent.
+        yaml.YAMLError: the file is not valid YAML (also a ``ValueError``:
+            `ConfigError`).
     """
     import json
     from pathlib import Path
@@ -143,11 +146,17 @@ def to_fsdp2_command(args: argparse.Namespace) -> int:
     from accel_launch.commands.config.config_args import config_from_dict
 
     source = Path(args.config_file)
-    target = Path(args.output_file) if args.output_file else source
+    if source.is_dir():
+        raise IsADirectoryError(f"the config file {source} is a folder: pass the YAML or JSON file inside it")
     if not source.is_file():
         raise FileNotFoundError(f"the config file {source} does not exist")
+    if not args.output_file and not args.overwrite:
+        raise ValueError(
+            f"no --output_file given: pass --output_file <new file>, or --overwrite to convert {source} in place"
+        )
+    target = Path(args.output_file) if args.output_file else source
     if target.exists() and not args.overwrite:
-        raise FileExistsError(f"{target} exists; pass --overwrite to replace it (or choose --output_file)")
+        raise FileExistsError(f"{target} exists; pass --overwrite to replace it (or choose another --output_file)")
     converted, notes = convert_config(load_config(str(source)))
     config_from_dict(converted, source=str(target))  # the result must be a valid config
     text = (

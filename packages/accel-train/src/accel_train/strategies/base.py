@@ -24,6 +24,7 @@ connector; the strategy calls the precision's hooks and never looks at the mixed
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -291,12 +292,28 @@ class Strategy:
             from accel_quant.training import check_trainable_quantized_model
 
             check_trainable_quantized_model(model, device=self.device, distributed=self.state.num_processes > 1)
-        if device_placement and not quantized and getattr(model, "hf_device_map", None) is None:
+        # A dispatched model (device map) or one whose offload hooks hold some weights (those are on
+        # ``meta`` here; prepare refused any that nothing holds) stays where its hooks put it.
+        if (
+            device_placement
+            and not quantized
+            and getattr(model, "hf_device_map", None) is None
+            and not _has_meta(model)
+        ):
             model = model.to(self.device)
         model = self.precision.convert_module(model)
         if not evaluation_mode:
             model = self.wrap_model(model)
         return self.compile(model)
+
+    def materialises_meta_weights(self, evaluation_mode: bool = False) -> bool:
+        """Whether this backend gives values to a model's ``meta`` weights itself, so that ``prepare``
+        accepts weights that no offload hook holds (FSDP's sharded set-up, Megatron-LM). Others: no.
+
+        Args:
+            evaluation_mode: the model is prepared for inference only.
+        """
+        return False
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """The backend's wrapper around the model (none on one device)."""
@@ -518,6 +535,10 @@ def _is_low_bit(model: torch.nn.Module) -> bool:
     from accel_quant.training import is_bnb_quantized
 
     return bool(is_bnb_quantized(model))
+
+
+def _has_meta(model: torch.nn.Module) -> bool:
+    return any(t.device.type == "meta" for t in itertools.chain(model.parameters(), model.buffers()))
 
 
 def _inner_optimizer(optimizer: Any) -> Any:

@@ -22,7 +22,6 @@ UTILS: dict[str, str] = {
     "AutocastKwargs": "accel_train.kwargs_handlers",
     "BackendNotAvailableError": "accel_train.parallel_plugins",
     "BertTrainStep": "accel_train.strategies.megatron",
-    "CannotPadNestedTensorWarning": "accel_train.other",
     "CustomDtype": "accel_train.other",
     "DDPCommunicationHookType": "accel_train.kwargs_handlers",
     "DeepSpeedEngineWrapper": "accel_train.strategies.deepspeed.utils",

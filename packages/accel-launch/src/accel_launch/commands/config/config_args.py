@@ -440,13 +440,33 @@ class SageMakerConfig(BaseConfig):
             raise ConfigError(f"{where}: 'num_machines' must be at least 1, got {self.num_machines}")
 
 
+_INVALID_YAML: list[type[ConfigError]] = []
+
+
+def invalid_yaml_error() -> type[ConfigError]:
+    """The class raised for a config file that is not valid YAML: a `ConfigError` (a ``ValueError``)
+    that is also a ``yaml.YAMLError``, the type the documented system lets through, so that either
+    ``except`` catches it. Built on first use: importing this module does not import yaml."""
+    if not _INVALID_YAML:
+        import yaml
+
+        cls = type(
+            "InvalidYAMLError",
+            (ConfigError, yaml.YAMLError),
+            {"__module__": __name__, "__doc__": "A config file that is not valid YAML (the message says where)."},
+        )
+        globals()["InvalidYAMLError"] = cls  # found by name, so that it pickles
+        _INVALID_YAML.append(cls)
+    return _INVALID_YAML[0]
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     import yaml
 
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
-        raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
+        raise invalid_yaml_error()(f"config file {path} is not valid YAML: {error}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -173,6 +173,15 @@ class FSDPStrategy(Strategy):
 
     # -- set-up -----------------------------------------------------------------------------------
 
+    def materialises_meta_weights(self, evaluation_mode: bool = False) -> bool:
+        """Sharded set-up gives ``meta`` weights values: ``param_init_fn``, or rank 0's weights broadcast
+        (``cpu_ram_efficient_loading``); a model prepared whole is placed like any other.
+
+        Args:
+            evaluation_mode: the model is prepared for inference only (never sharded).
+        """
+        return not evaluation_mode and self._shards()
+
     def setup_model(
         self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
     ) -> torch.nn.Module:

@@ -188,6 +188,14 @@ class MegatronLMStrategy(Strategy):
                 "parallel groups and the data loaders are set up; building the model needs a GPU"
             )
 
+    def materialises_meta_weights(self, evaluation_mode: bool = False) -> bool:
+        """Megatron-LM builds its own model from the given one's config: that model's weights need no values.
+
+        Args:
+            evaluation_mode: the model is prepared for inference only.
+        """
+        return True
+
     def setup(
         self,
         models: Sequence[torch.nn.Module],
