@@ -122,7 +122,7 @@ def test_tensorboard_without_pyyaml_names_the_extra_and_stores_nothing(in_tmp, m
     tracker = TensorBoardTracker("proj", in_tmp / "logs")
     tracker.start()
     monkeypatch.setitem(sys.modules, "yaml", None)  # PyYAML not installed
-    with pytest.raises(ImportError, match=r'hparams\.yml with PyYAML.*pip install "accel-tracking\[tensorboard\]"'):
+    with pytest.raises(ImportError, match=r'hparams\.yml with PyYAML.*"\./packages/accel-tracking\[tensorboard\]"'):
         tracker.store_init_configuration({"lr": 0.1})
     tracker.finish()
     assert not glob.glob(str(in_tmp / "logs" / "proj" / "*" / "hparams.yml"))

@@ -6,6 +6,7 @@ import os
 import time
 from typing import Any
 
+from accel_state.install_hints import install_hint
 from accel_tracking.general import BackendTracker, on_main_process
 from accel_tracking.values import is_number, scalar_config
 
@@ -20,7 +21,7 @@ def _import_yaml() -> Any:
     except ImportError as error:
         raise ImportError(
             "The tensorboard tracker writes the run configuration to hparams.yml with PyYAML, which is not "
-            'installed: pip install "accel-tracking[tensorboard]"'
+            f"installed: {install_hint('accel-tracking', 'tensorboard')}"
         ) from error
     return yaml
 
@@ -30,8 +31,8 @@ class TensorBoardTracker(BackendTracker):
 
     The config goes to TensorBoard's HParams tab in the same event file (nested keys flattened as
     ``a/b``, lists and ``None`` as text) and, unchanged, to ``<logging_dir>/<run_name>/<time>/hparams.yml``
-    (YAML, keys sorted; ``<time>`` is ``time.time()`` when it is stored), the file and place the
-    documented system writes it to. Numbers are logged with ``add_scalar``, strings with ``add_text`` and
+    (YAML, keys sorted; ``<time>`` is ``time.time()`` when it is stored), the file and place
+    Hugging Face Accelerate writes it to. Numbers are logged with ``add_scalar``, strings with ``add_text`` and
     dicts of numbers with ``add_scalars``.
 
     Args:
