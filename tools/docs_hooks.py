@@ -36,7 +36,6 @@ from docs_site import api_markdown, examples_note, llms, migration, pictures, re
 
 MAPPING_MARKER = "<!-- accelerate-mapping -->"
 BENCH_MARKER = "<!-- benchmark-plots -->"
-FENCE = re.compile(r"^ {0,12}(`{3,}|~{3,})")
 INLINE_CODE = re.compile(r"(?<![`\[])`(?P<code>[A-Za-z_][\w.]*)(?P<call>\(\))?`(?![`\]])")
 
 #: What this build has seen: src_uri -> (page, its Markdown twin, its description); the navigation.
@@ -127,18 +126,8 @@ def link_inline_code(markdown: str) -> str:
     """Inline code naming a public object becomes a cross-reference to its entry (not in code blocks)."""
     targets = _link_targets()
     out: list[str] = []
-    fence: str | None = None
-    for line in markdown.splitlines(keepends=True):
-        match = FENCE.match(line)
-        if match:
-            marker = match.group(1)
-            if fence is None:
-                fence = marker
-            elif marker[0] == fence[0] and len(marker) >= len(fence) and not line.strip()[len(marker) :].strip():
-                fence = None
-            out.append(line)
-            continue
-        if fence is not None or line.lstrip().startswith("#") or "<h" in line:
+    for in_code, line in llms.fenced_lines(markdown):
+        if in_code or line.lstrip().startswith("#") or "<h" in line:
             out.append(line)
             continue
 

@@ -68,8 +68,9 @@ def twin_path(html_path: str) -> str:
     return html_path[: -len(".html")] + ".md"
 
 
-def _outside_fences(markdown: str) -> Iterable[tuple[bool, str]]:
-    """``(in_code, line)`` for every line, so a rewrite can leave code blocks as they are."""
+def fenced_lines(markdown: str) -> Iterable[tuple[bool, str]]:
+    """``(in_code, line)`` for every line (a fence's own lines count as code), so that a rewrite can leave
+    code blocks as they are. Shared by the twins and the site's inline-code links (docs_hooks)."""
     fence: str | None = None
     for line in markdown.splitlines(keepends=True):
         match = FENCE.match(line)
@@ -98,7 +99,7 @@ def plain_markdown(markdown: str) -> str:
     backticks.
     """
     out = []
-    for in_code, line in _outside_fences(markdown):
+    for in_code, line in fenced_lines(markdown):
         if not in_code:
             line = HEADING_ATTRIBUTES.sub(r"\g<heading>", line)
             line = INLINE_CODE_HTML.sub(lambda m: f"`{html.unescape(m.group('code'))}`", line)
@@ -110,7 +111,7 @@ def plain_markdown(markdown: str) -> str:
 def insert_after_title(markdown: str, block: str) -> str:
     """``block`` placed after the page's first ``# Title`` line (at the top when it has none)."""
     lines = markdown.splitlines(keepends=True)
-    for index, (in_code, line) in enumerate(_outside_fences(markdown)):
+    for index, (in_code, line) in enumerate(fenced_lines(markdown)):
         if not in_code and line.startswith("# "):
             return "".join(lines[: index + 1]) + "\n" + block.rstrip("\n") + "\n" + "".join(lines[index + 1 :])
     return block.rstrip("\n") + "\n\n" + markdown
@@ -131,7 +132,7 @@ def describe(markdown: str, limit: int = DESCRIPTION_LIMIT) -> str:
     text. Returns "" for a page with no prose.
     """
     paragraph: list[str] = []
-    for in_code, line in _outside_fences(markdown):
+    for in_code, line in fenced_lines(markdown):
         text = line.strip()
         if in_code or not text:
             if paragraph:
