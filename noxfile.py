@@ -254,7 +254,8 @@ def clients(session: nox.Session) -> None:
 @nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
 def deps(session: nox.Session) -> None:
     """The dependency graph of DESIGN.md holds (imports, ranges, meta pins, CI command); the tools work."""
-    session.install("packaging", "pytest")
+    # the docs tools' tests read YAML options and walk code with griffe, as the site build does
+    session.install("packaging", "pytest", "pyyaml", "griffelib")
     session.run("python", str(ROOT / "tools" / "check_deps.py"))
     _pytest(session, "tools", str(ROOT / "tools" / "tests"))
 

@@ -19,8 +19,6 @@ import textwrap
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import yaml
-
 DIRECTIVE = re.compile(r"^::: (?P<identifier>[\w.]+)\s*$")
 
 
@@ -100,6 +98,8 @@ def split_directives(markdown: str) -> list[str | tuple[str, dict[str, Any]]]:
         while index < len(lines) and (_indented(lines[index]) or _blank_inside(lines, index)):
             block.append(lines[index])
             index += 1
+        import yaml  # the site build's; imported here so that the module loads without it
+
         try:
             parsed = yaml.safe_load(textwrap.dedent("".join(block))) if block else None
         except yaml.YAMLError as error:
