@@ -72,7 +72,7 @@ def test_a_missing_path_is_said_not_to_exist(tmp_path, capsys: pytest.CaptureFix
     assert command.main([path]) == 1
     err = capsys.readouterr().err
     assert f"{path!r} does not exist" in err and "has no config.json" not in err and "Hub (" not in err
-    with pytest.raises(ValueError, match="does not exist"):
+    with pytest.raises(FileNotFoundError, match="does not exist"):  # the type Hugging Face Accelerate raises
         create_empty_model(path, library_name="transformers")
 
 

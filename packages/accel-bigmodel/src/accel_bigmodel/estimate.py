@@ -141,7 +141,7 @@ def create_empty_model(
         with init_empty_weights():
             return factory()
     if _names_a_local_path(model_name) and not os.path.exists(model_name):
-        raise ValueError(
+        raise FileNotFoundError(
             f"{model_name!r} does not exist: pass an existing config.json or a folder holding one, a Hub id "
             "or a timm model name."
         )
@@ -164,9 +164,10 @@ def _guess_library(model_name: str, access_token: str | None) -> str:
     if os.path.isdir(model_name) or model_name.endswith(".json"):
         config_path = os.path.join(model_name, "config.json") if os.path.isdir(model_name) else model_name
         if not os.path.isfile(config_path):
-            raise FileNotFoundError(
-                f"{config_path!r} does not exist: pass a transformers config.json, a folder holding one, or a Hub id."
-            )
+            where = f"{config_path!r} does not exist"
+            if os.path.isdir(model_name):
+                where = f"{model_name!r} has no config.json ({where})"
+            raise FileNotFoundError(f"{where}: pass a transformers config.json, a folder holding one, or a Hub id.")
         with open(config_path, encoding="utf-8") as f:
             config = json.load(f)
         return "timm" if "architecture" in config and "model_type" not in config else "transformers"

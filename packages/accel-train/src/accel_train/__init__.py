@@ -111,7 +111,7 @@ _export(
 _export("checkpointing", "CheckpointMismatchError")
 _export("checkpoint_io", "UnsafeCheckpointError")
 _export("checkpoint.integrity", "CorruptCheckpointError")
-_export("unloaded_weights", "UnloadedWeightsError")
+_export("weights.unloaded", "UnloadedWeightsError")
 _export("strategies.fsdp.merge", "merge_fsdp_weights")
 _export(
     "strategies.fsdp.utils",

@@ -329,7 +329,7 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
     def _check_weights_loaded(self, model: torch.nn.Module, evaluation_mode: bool = False) -> None:
         """Refuse, before anything moves, a model with ``meta`` weights that no offload hook holds
         (built under ``init_empty_weights()`` and never loaded), unless the backend fills them itself."""
-        from accel_train.unloaded_weights import UnloadedWeightsError, unloaded_weights
+        from accel_train.weights.unloaded import UnloadedWeightsError, unloaded_weights
 
         names, total = unloaded_weights(model)
         if names and not self._strategy.materialises_meta_weights(evaluation_mode):

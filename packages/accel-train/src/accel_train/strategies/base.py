@@ -554,6 +554,6 @@ def _materialised(model: torch.nn.Module) -> dict[str, Any]:
     state_dict = model.state_dict()
     if not any(isinstance(v, torch.Tensor) and v.device.type == "meta" for v in state_dict.values()):
         return state_dict
-    from accel_train.offloaded_weights import materialise_offloaded
+    from accel_train.weights.offloaded import materialise_offloaded
 
     return materialise_offloaded(model, state_dict)

@@ -13,7 +13,7 @@ import itertools
 
 import torch
 
-from accel_train.offloaded_weights import offload_holder
+from accel_train.weights.offloaded import offload_holder
 
 __all__ = ["UnloadedWeightsError", "unloaded_weights"]
 
