@@ -137,9 +137,12 @@ def test_multi_gpu_with_the_cpu_chosen_in_the_environment_starts_two_cpu_process
         pytest.skip("with an accelerator --multi_gpu runs there; this checks the machine without one")
     script = tmp_path / "report.py"
     script.write_text(
-        "import torch\nfrom accel_state.state import PartialState\nfrom accel_state.operations import reduce\n"
+        "import sys\nimport torch\nfrom accel_state.state import PartialState\nfrom accel_state.operations import reduce\n"
         "s = PartialState()\ntotal = reduce(torch.tensor([1.0]), reduction='sum').item()\n"
-        "print('RANK', s.process_index, s.num_processes, s.distributed_type, s.backend, total, flush=True)\n"
+        # one write per line: the two processes share the launcher's stdout, and print() of several
+        # values writes them piece by piece, so two ranks' lines could interleave
+        "sys.stdout.write(f'RANK {s.process_index} {s.num_processes} {s.distributed_type} {s.backend} {total}\\n')\n"
+        "sys.stdout.flush()\n"
     )
     shown = run_cli(
         ["launch", "--multi_gpu", "--num_processes", "2", str(script)],
