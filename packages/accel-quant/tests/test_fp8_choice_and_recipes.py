@@ -142,3 +142,33 @@ def test_ao_recipe_emulates_without_fp8_hardware() -> None:
     assert AORecipe(emulate=False).emulate is False
     with pytest.raises(TypeError, match="module_filter_func must be callable"):
         AORecipe(module_filter_func="first")
+
+
+def test_no_fp8_backend_names_an_install_command_for_each() -> None:
+    from accel_state import install_hint
+
+    with pytest.raises(ImportError) as info:
+        _with(_installed(), lambda: choose_fp8_backend(environ={}))
+    message = str(info.value)
+    assert "needs an FP8 backend and none is installed" in message
+    assert install_hint("accel-quant", "torchao") in message
+    assert install_hint("accel-quant", "transformer-engine") in message and "CUDA toolkit" in message
+    assert "MS-AMP from source" in message
+    assert 'pip install "accel-quant[' not in message  # the index has no such distribution
+
+
+def test_a_missing_or_old_bitsandbytes_names_what_to_install() -> None:
+    from accel_state import install_hint
+
+    requirements = backend_mod._requirements
+    with mock.patch.object(requirements, "is_bnb_available", return_value=False):
+        with pytest.raises(ImportError, match="needs the bitsandbytes package") as info:
+            requirements.require_bnb()
+        assert install_hint("accel-quant", "bnb") in str(info.value)
+    with mock.patch.object(requirements, "is_bnb_available", return_value=True):
+        with mock.patch.object(requirements, "is_8bit_bnb_available", return_value=False):
+            with pytest.raises(ImportError, match=r"8-bit quantization needs bitsandbytes>=0\.37\.2: pip install "):
+                requirements.require_bnb(8)
+        with mock.patch.object(requirements, "is_4bit_bnb_available", return_value=False):
+            with pytest.raises(ImportError, match=r"4-bit quantization needs bitsandbytes>=0\.39\.0: pip install "):
+                requirements.require_bnb(4)
