@@ -123,6 +123,12 @@ def _install_deepspeed(session: nox.Session) -> None:
     Without it, each venv compiled the same ops on first use, minutes each, inside the first tests.
     """
     session.log("DeepSpeed with prebuilt CPU ops (tools/deepspeed_cpu_wheel.py; built once, then cached)")
+    session.install(*_constraints(), _deepspeed_wheel(session))
+
+
+def _deepspeed_wheel(session: nox.Session) -> str:
+    """Path of the prebuilt-ops DeepSpeed wheel: from the cache, or built now (tools/deepspeed_cpu_wheel.py,
+    which keeps the build's output in a log beside the wheel and prints its tail on failure)."""
     output = session.run(
         sys.executable,
         str(ROOT / "tools" / "deepspeed_cpu_wheel.py"),
@@ -132,8 +138,7 @@ def _install_deepspeed(session: nox.Session) -> None:
         silent=True,
         external=True,
     )
-    wheel = str(output).strip().splitlines()[-1]
-    session.install(*_constraints(), wheel)
+    return str(output).strip().splitlines()[-1]
 
 
 def _install_local(
@@ -192,14 +197,7 @@ def end_to_end(session: nox.Session) -> None:
 def deepspeed_ops(session: nox.Session) -> None:
     """Build DeepSpeed with its CPU ops (tools/deepspeed_cpu_wheel.py) at the start of a CI run, beside
     end_to_end's first installs; every session that installs DeepSpeed takes that wheel (and waits for it)."""
-    session.run(
-        sys.executable,
-        str(ROOT / "tools" / "deepspeed_cpu_wheel.py"),
-        "--cache",
-        str(ROOT / ".nox" / "deepspeed-cpu-ops"),
-        *_constraints(),
-        external=True,
-    )
+    session.log(f"DeepSpeed wheel with prebuilt CPU ops: {_deepspeed_wheel(session)}")
 
 
 # Libraries that import the documented system by name, pinned; accel stands in for it through the
