@@ -44,17 +44,22 @@ BUILD_TOOLS = ("setuptools", "wheel")
 def cache_key(constraints_text: str, requirement: str) -> str:
     """Name of the cache folder for a build: what the wheel's compiled code depends on."""
     parts = [sys.version.split()[0], platform.machine(), platform.platform(terse=True), constraints_text, requirement]
+    parts.append("-g0")  # the compile flags (build_environment): a wheel built with others is not reused
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
 def build_environment(base: dict[str, str], jobs: int) -> dict[str, str]:
-    """The environment of DeepSpeed's setup.py: no op prebuilt but ``PREBUILT_OPS``, CPU accelerator."""
+    """The environment of DeepSpeed's setup.py: no op prebuilt but ``PREBUILT_OPS``, CPU accelerator,
+    no debug information in the compiled code."""
     env = dict(base)
     env["DS_BUILD_OPS"] = "0"
     for op in PREBUILT_OPS:
         env[f"DS_BUILD_{op}"] = "1"
     env["DS_ACCELERATOR"] = "cpu"
     env["MAX_JOBS"] = str(jobs)
+    # Python's own compile flags ask for debug info (-g); nobody debugs these ops from the wheel, and
+    # leaving it out (-g0, after -g on the line) makes each file compile in three quarters of the time
+    env["CFLAGS"] = " ".join(filter(None, (base.get("CFLAGS", ""), "-g0")))
     return env
 
 

@@ -19,6 +19,8 @@ def test_only_the_cpu_ops_the_tests_load_are_prebuilt_for_the_cpu_accelerator() 
     assert env["DS_BUILD_OPS"] == "0"
     assert env["DS_BUILD_CPU_ADAM"] == env["DS_BUILD_SHM_COMM"] == "1"
     assert env["DS_ACCELERATOR"] == "cpu" and env["MAX_JOBS"] == "2" and env["PATH"] == "/bin"
+    assert env["CFLAGS"] == "-g0"  # no debug info: after Python's own -g, the last one counts
+    assert deepspeed_cpu_wheel.build_environment({"CFLAGS": "-march=native"}, jobs=1)["CFLAGS"] == "-march=native -g0"
 
 
 def test_the_cache_key_changes_with_the_torch_pin_and_the_deepspeed_asked_for() -> None:
