@@ -171,9 +171,9 @@ def _install_local(
     session.install(*_constraints(), *targets)
 
 
-def _pytest(session: nox.Session, report: str, *args: str) -> None:
+def _pytest(session: nox.Session, report: str, *args: str, env: dict[str, str] | None = None) -> None:
     REPORTS.mkdir(exist_ok=True)
-    session.run("pytest", "-q", "-ra", f"--junitxml={REPORTS / report}.xml", *args, *session.posargs)
+    session.run("pytest", "-q", "-ra", f"--junitxml={REPORTS / report}.xml", *args, *session.posargs, env=env)
 
 
 @nox.session(python=False, tags=["ci"])
@@ -212,7 +212,8 @@ CLIENT_PINS = {
 }
 
 
-def _clients(session: nox.Session) -> None:
+def _install_clients(session: nox.Session) -> None:
+    """accel with DeepSpeed, and the client libraries pinned (CLIENT_PINS) beside it, without the real accelerate."""
     _install_local(session, *ORDER, extras={"accel": "test", "accel-train": "deepspeed"}, deepspeed=True)
     session.install(*_constraints(), CLIENT_PINS["transformers"])
     # peft, trl, diffusers' training and sentence-transformers' training require the real accelerate,
@@ -225,6 +226,10 @@ def _clients(session: nox.Session) -> None:
         "scikit-learn", "scipy", "requests", "regex", "filelock", "typing_extensions",
     )  # fmt: skip
     session.run("python", "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('accelerate') is not None)")
+
+
+def _clients(session: nox.Session) -> None:
+    _install_clients(session)
     # each case mostly waits on the client stack it starts: two workers, any case to either
     _pytest(session, "clients", "-n", "2", "--dist", "load", str(ROOT / "integration_tests" / "clients"))
     # accel-train's tests that need transformers beside DeepSpeed / tensor parallelism (skipped in its
@@ -281,17 +286,22 @@ def tests(session: nox.Session, package: str) -> None:
 
 @nox.session
 def slow(session: nox.Session) -> None:
-    """Before a release: the crash-safety tests killed at every file-system step of a save, not only at
-    the commit steps and a spread of the rest as in CI (``ACCEL_KILL_POINTS=all``)."""
-    _install_local(
-        session, *_closure("accel-train"), extras={"accel-bigmodel": "test", "accel-train": "test"}, deepspeed=True
+    """Before a release, what CI leaves out for time: the crash-safety tests killed at every file-system
+    step of a save, not only at the commit steps and a spread of the rest (``ACCEL_KILL_POINTS=all``),
+    and the end-to-end cases marked ``release``, which repeat a case CI runs on another process count
+    or variant (``ACCEL_RELEASE_TESTS=1``; each marker names the case that covers it in CI)."""
+    _install_clients(session)
+    session.install(
+        *_constraints(), f"{DISTS['accel-bigmodel']['path']}[test]", f"{DISTS['accel-train']['path']}[test]"
     )
+    session.install(*_constraints(), "numpy", "safetensors", "tqdm", "psutil", "pytest-xdist")
     tests = [
         DISTS["accel-bigmodel"]["path"] / "tests" / "test_bigmodel_checkpoint_safety.py",
         DISTS["accel-train"]["path"] / "tests" / "test_checkpoint_kill.py",
     ]
-    session.env["ACCEL_KILL_POINTS"] = "all"
-    _pytest(session, "slow", *[str(path) for path in tests])
+    _pytest(session, "slow", *[str(path) for path in tests], env={"ACCEL_KILL_POINTS": "all"})
+    release = ["-m", "release", "-n", "2", "--dist", "load", str(ROOT / "integration_tests")]
+    _pytest(session, "slow-release", *release, env={"ACCEL_RELEASE_TESTS": "1"})
 
 
 @nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])

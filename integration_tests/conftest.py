@@ -17,6 +17,24 @@ from safetensors.torch import load_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
+#: Set by ``nox -s slow`` (before a release): the cases marked ``release`` run too.
+RELEASE_TESTS = os.environ.get("ACCEL_RELEASE_TESTS") == "1"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip, with the reason, the cases marked ``release`` unless ``ACCEL_RELEASE_TESTS=1``.
+
+    Such a case repeats what another case of CI covers, on another process count or variant (each
+    marker says which case covers it); CI's time goes to the cases that cover something alone.
+    """
+    if RELEASE_TESTS:
+        return
+    for item in items:
+        marker = item.get_closest_marker("release")
+        if marker is not None:
+            covered_by = marker.kwargs.get("covered_by", "another case")
+            item.add_marker(pytest.mark.skip(reason=f"release-only (nox -s slow): CI covers it with {covered_by}"))
+
 
 def _full_env(env: dict[str, str] | None) -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
