@@ -387,3 +387,39 @@ def test_deepspeed_partitions_counted_for_resharding(tmp_path) -> None:
         (tag / f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_bytes(b"")
     assert saved_world_size(str(tag)) == 2
     assert universal_dir(str(tmp_path / "ckpt")) == str(tmp_path / ".ckpt.universal")
+
+
+def _engine_folder(folder, marker: str, planted_metadata: bool) -> str:
+    """A DeepSpeed engine folder (``pytorch_model/``) whose model states are crafted; with
+    ``planted_metadata`` an empty DCP ``Metadata()`` lies beside them as ``.metadata``."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    engine = folder / "pytorch_model"
+    engine.mkdir(parents=True)
+    (engine / "mp_rank_00_model_states.pt").write_bytes(crafted_torch_file(marker))
+    if planted_metadata:
+        (engine / ".metadata").write_bytes(pickle.dumps(Metadata(state_dict_metadata={})))
+    return str(engine)
+
+
+def test_a_planted_metadata_turns_no_engine_check_off(tmp_path) -> None:
+    """Issue 36, point 1 (no DeepSpeed needed; the real ZeRO-2 case is in
+    ``test_checkpoint_trust_distributed.py``): the kind of a folder comes from the layout, so a DCP
+    ``.metadata`` in an engine folder is refused by name instead of making the check skip its ``.pt`` files,
+    by the load check and by merge-weights on the save_state folder or the engine folder."""
+    from accel_train.checkpoint_io import CheckpointIO
+    from accel_train.checkpointing import check_folder
+    from accel_train.commands.merge import main
+
+    marker = str(tmp_path / "marker")
+    _engine_folder(tmp_path / "crafted", marker, planted_metadata=False)
+    with pytest.raises(UnsafeCheckpointError, match="GLOBAL builtins.exec"):
+        check_folder(str(tmp_path / "crafted"), CheckpointIO())
+    engine = _engine_folder(tmp_path / "planted", marker, planted_metadata=True)
+    with pytest.raises(UnsafeCheckpointError, match="inside a DeepSpeed engine folder") as raised:
+        check_folder(str(tmp_path / "planted"), CheckpointIO())
+    assert raised.value.path == os.path.join(engine, ".metadata")
+    for given in (str(tmp_path / "planted"), engine):
+        assert main([given, str(tmp_path / "merged")]) == 2
+        assert not os.path.exists(tmp_path / "merged")
+    assert not os.path.exists(marker)
