@@ -387,3 +387,91 @@ def test_deepspeed_partitions_counted_for_resharding(tmp_path) -> None:
         (tag / f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_bytes(b"")
     assert saved_world_size(str(tag)) == 2
     assert universal_dir(str(tmp_path / "ckpt")) == str(tmp_path / ".ckpt.universal")
+
+
+def _lying_metadata(model_dir: str, parts_before: tuple[str, ...]) -> None:
+    """Rewrite ``model_dir/.metadata`` so that every data file is a ``PosixPath`` of ``parts_before`` + the
+    file name, whose cached string is the file name alone (what ``os.fspath`` would report)."""
+
+    class LyingPath:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __reduce__(self):
+            import pathlib
+
+            return (pathlib.PosixPath, (*parts_before, self.name), (None, {"_str": self.name}))
+
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    path = os.path.join(model_dir, ".metadata")
+    with open(path, "rb") as handle:
+        metadata = pickle.load(handle)  # the test's own file
+    for index, info in list(metadata.storage_data.items()):
+        metadata.storage_data[index] = _StorageInfo(LyingPath(info.relative_path), info.offset, info.length)
+    with open(path, "wb") as handle:
+        pickle.dump(metadata, handle)
+
+
+def test_a_path_in_metadata_that_lies_about_its_folder_is_refused(tmp_path) -> None:
+    """Issue 36, point 2: a ``.metadata`` whose data files are path objects joined out of the folder (to
+    another checkpoint of the same shapes) while their cached string names the file inside is refused by
+    name, by load_state and by merge-weights; no weight comes from the other checkpoint."""
+    from accel_train.commands.merge import main
+
+    accelerator = _accelerator(True)
+    _trained(accelerator, seed=1)
+    accelerator.save_state(str(tmp_path / "outside"))  # the weights the lying paths point at
+    reset_shared_state()
+    accelerator = _accelerator(True)
+    model, optimizer, _ = _trained(accelerator)
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+    model_dir = os.path.join(folder, "pytorch_model_fsdp_0")
+    _lying_metadata(model_dir, ("..", "..", "outside", "pytorch_model_fsdp_0"))
+    _more(accelerator, model, optimizer)
+    before = _snapshot(accelerator, model, optimizer)
+    with pytest.raises(UnsafeCheckpointError, match="pickled state of its own") as raised:
+        accelerator.load_state(folder)
+    assert raised.value.path == os.path.join(model_dir, ".metadata")
+    _assert_same(before, _snapshot(accelerator, model, optimizer))
+    reset_shared_state()
+    out = str(tmp_path / "merged")
+    assert main([model_dir, out]) == 2
+    assert not os.path.exists(out)
+
+
+def _engine_folder(folder, marker: str, planted_metadata: bool) -> str:
+    """A DeepSpeed engine folder (``pytorch_model/``) whose model states are crafted; with
+    ``planted_metadata`` an empty DCP ``Metadata()`` lies beside them as ``.metadata``."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    engine = folder / "pytorch_model"
+    engine.mkdir(parents=True)
+    (engine / "mp_rank_00_model_states.pt").write_bytes(crafted_torch_file(marker))
+    if planted_metadata:
+        (engine / ".metadata").write_bytes(pickle.dumps(Metadata(state_dict_metadata={})))
+    return str(engine)
+
+
+def test_a_planted_metadata_turns_no_engine_check_off(tmp_path) -> None:
+    """Issue 36, point 1 (no DeepSpeed needed; the real ZeRO-2 case is in
+    ``test_checkpoint_trust_distributed.py``): the kind of a folder comes from the layout, so a DCP
+    ``.metadata`` in an engine folder is refused by name instead of making the check skip its ``.pt`` files,
+    by the load check and by merge-weights on the save_state folder or the engine folder."""
+    from accel_train.checkpoint_io import CheckpointIO
+    from accel_train.checkpointing import check_folder
+    from accel_train.commands.merge import main
+
+    marker = str(tmp_path / "marker")
+    _engine_folder(tmp_path / "crafted", marker, planted_metadata=False)
+    with pytest.raises(UnsafeCheckpointError, match="GLOBAL builtins.exec"):
+        check_folder(str(tmp_path / "crafted"), CheckpointIO())
+    engine = _engine_folder(tmp_path / "planted", marker, planted_metadata=True)
+    with pytest.raises(UnsafeCheckpointError, match="inside a DeepSpeed engine folder") as raised:
+        check_folder(str(tmp_path / "planted"), CheckpointIO())
+    assert raised.value.path == os.path.join(engine, ".metadata")
+    for given in (str(tmp_path / "planted"), engine):
+        assert main([given, str(tmp_path / "merged")]) == 2
+        assert not os.path.exists(tmp_path / "merged")
+    assert not os.path.exists(marker)

@@ -246,7 +246,9 @@ def test_fsdp2_crafted_checkpoint_is_refused_alike_on_every_process(pools, tmp_p
 # -- DeepSpeed: crafted engine files ---------------------------------------------------------------------
 
 
-def rank_deepspeed_crafted(stage: int, folder: str, craft: str, marker: str) -> dict:
+def rank_deepspeed_crafted(stage: int, folder: str, craft: str, marker: str, plant_metadata: bool = False) -> dict:
+    """Save a ZeRO checkpoint, craft the engine file whose name holds ``craft`` (with ``plant_metadata``, an
+    empty DCP ``Metadata()`` beside it as ``pytorch_model/.metadata``) and load it."""
     reset_shared_state()
     from accel_train import Accelerator, DeepSpeedPlugin
 
@@ -265,6 +267,13 @@ def rank_deepspeed_crafted(stage: int, folder: str, craft: str, marker: str) -> 
     if accelerator.is_main_process:
         name = next(n for n in sorted(os.listdir(tag)) if craft in n)
         torch.save({"module": _Exploit(marker)}, os.path.join(tag, name))
+        if plant_metadata:
+            import pickle
+
+            from torch.distributed.checkpoint.metadata import Metadata
+
+            with open(os.path.join(tag, ".metadata"), "wb") as handle:
+                pickle.dump(Metadata(state_dict_metadata={}), handle)
     accelerator.wait_for_everyone()
     train_epoch(accelerator, model, optimizer, loader)
     before = {k: v.detach().float().clone() for k, v in accelerator.get_state_dict(model).items()}
@@ -288,6 +297,30 @@ def test_deepspeed_crafted_engine_file_runs_nothing(pools, tmp_path, stage: int,
         assert result["error"].startswith("UnsafeCheckpointError"), result["error"]
         assert craft in result["error"] and "GLOBAL builtins.exec" in result["error"]
         assert result["unchanged"] and not result["ran"]
+    assert not os.path.exists(marker)
+
+
+@pytest.mark.skipif(not is_deepspeed_available(), reason=f"needs DeepSpeed: {install_hint('accel-train', 'deepspeed')}")
+def test_deepspeed_planted_metadata_turns_no_check_off(pools, tmp_path, capsys) -> None:
+    """Issue 36, point 1: an empty DCP ``Metadata()`` planted as ``pytorch_model/.metadata`` of a ZeRO-2
+    checkpoint with a crafted engine file is refused by name on both ranks (it made the check take the engine
+    folder for a DCP folder and skip its ``.pt`` files); merge-weights refuses it too."""
+    from accel_train.commands.merge import main
+
+    marker = str(tmp_path / "marker")
+    folder = str(tmp_path / "ckpt")
+    results = pools(2).run(rank_deepspeed_crafted, 2, folder, "model_states", marker, True)
+    planted = os.path.join(folder, "pytorch_model", ".metadata")
+    for result in results:
+        assert result["error"].startswith("UnsafeCheckpointError"), result["error"]
+        assert planted in result["error"] and "inside a DeepSpeed engine folder" in result["error"]
+        assert result["unchanged"] and not result["ran"]
+    assert results[0]["error"] == results[1]["error"]
+    capsys.readouterr()
+    for given in (folder, os.path.dirname(planted)):  # the save_state folder, and the engine folder itself
+        assert main([given, str(tmp_path / "merged")]) == 2
+        assert planted in capsys.readouterr().err
+        assert not os.path.exists(tmp_path / "merged")
     assert not os.path.exists(marker)
 
 

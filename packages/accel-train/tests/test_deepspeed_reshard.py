@@ -51,3 +51,18 @@ def test_failed_conversion_is_raised_without_a_process_group(tmp_path, monkeypat
             object(), str(folder), "pytorch_model", lambda path: None, (), _never_loads, is_main_process=True
         )
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+def test_a_planted_metadata_is_refused_before_conversion(tmp_path, monkeypatch) -> None:
+    """DeepSpeed's converter reads every file of the engine folder: a DCP ``.metadata`` planted there (issue
+    36) is refused by name before it runs, and no conversion folder is made."""
+    from accel_state.errors import UnsafeCheckpointError
+
+    engine = tmp_path / "ckpt" / "pytorch_model"
+    engine.mkdir(parents=True)
+    (engine / ".metadata").write_bytes(b"")
+    monkeypatch.setattr(reshard, "_convert", _never_loads)
+    with pytest.raises(UnsafeCheckpointError, match="inside a DeepSpeed engine folder") as raised:
+        reshard._prepare(str(tmp_path / "ckpt"), "pytorch_model")
+    assert raised.value.path == str(engine / ".metadata")
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]

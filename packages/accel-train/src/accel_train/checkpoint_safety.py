@@ -51,7 +51,9 @@ __all__ = [
 
 #: The classes a ``torch.distributed.checkpoint`` ``.metadata`` pickle may name (``module``, ``name``);
 #: torch dtypes (``torch.float32`` ...) are allowed too. Each is a plain data class, an enum, or a
-#: constructor of a value (``torch.Size``, a path) that runs no code of the file's choosing.
+#: constructor of a value (``torch.Size``) that runs no code of the file's choosing. pathlib's classes are
+#: not among them: torch records the writer's folder as one (``StorageMeta.checkpoint_id``), which is read
+#: as a plain string instead (`_PATH_CLASSES`).
 DCP_METADATA_GLOBALS: frozenset[tuple[str, str]] = frozenset(
     {
         ("torch.distributed.checkpoint.metadata", "Metadata"),
@@ -65,12 +67,15 @@ DCP_METADATA_GLOBALS: frozenset[tuple[str, str]] = frozenset(
         ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
         ("torch.serialization", "_get_layout"),
         ("torch", "Size"),
-        ("pathlib", "PosixPath"),
-        ("pathlib", "PurePosixPath"),
-        ("pathlib", "WindowsPath"),
-        ("pathlib", "PureWindowsPath"),
         ("collections", "OrderedDict"),
     }
+)
+
+#: pathlib's classes, as a ``.metadata`` names them: each is built as a string of its parts
+#: (`_path_string()`), never as a path object, so no state pickled with it (a cached string that differs
+#: from its parts) can make the path that is checked differ from the path that is opened.
+_PATH_CLASSES: frozenset[tuple[str, str]] = frozenset(
+    {("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath")}
 )
 
 
@@ -180,6 +185,29 @@ def load_torch_bytes(data: BinaryIO, path: str) -> Any:
 # -- torch.distributed.checkpoint folders ---------------------------------------------------------------------
 
 
+class _Refused(Exception):
+    """Something in a ``.metadata`` pickle that is refused while it is read (re-raised naming the file)."""
+
+
+class _PathString(str):
+    """A path pickled in a ``.metadata``, as the string of its parts; no state may be set on it afterwards."""
+
+    __slots__ = ()
+
+    def __setstate__(self, state: Any) -> None:
+        raise _Refused(f"a path object {str(self)!r} with pickled state of its own (a string other than its parts)")
+
+
+def _path_string(windows: bool, *parts: Any) -> _PathString:
+    """The string of the path made of ``parts`` (a pathlib class's pickled arguments)."""
+    import pathlib
+
+    if not all(type(part) is str for part in parts):
+        raise _Refused(f"a path built from {', '.join(type(part).__name__ for part in parts)} instead of strings")
+    pure = pathlib.PureWindowsPath if windows else pathlib.PurePosixPath
+    return _PathString(str(pure(*parts)))
+
+
 class _DcpUnpickler(pickle.Unpickler):
     def __init__(self, stream: BinaryIO, path: str) -> None:
         super().__init__(stream)
@@ -188,6 +216,8 @@ class _DcpUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in DCP_METADATA_GLOBALS:
             return super().find_class(module, name)
+        if (module, name) in _PATH_CLASSES:
+            return functools.partial(_path_string, "Windows" in name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         raise UnsafeCheckpointError(self.path, f"GLOBAL {module}.{name}")
@@ -207,11 +237,16 @@ def read_dcp_metadata(path: str | os.PathLike[str]) -> Any:
     The result is kept while the file stays the same (same inode, size and modification time): a
     second read of an unchanged file returns the same object without reading it again.
 
+    Paths in it are strings, never path objects: a pathlib class it names is built as the string of its
+    parts, and every data file must be named by a plain string that resolves inside the file's folder
+    (symbolic links followed), checked on every read.
+
     Args:
         path: the ``.metadata`` file.
 
     Raises:
-        UnsafeCheckpointError: the file names another class, or is not a DCP metadata pickle.
+        UnsafeCheckpointError: the file names another class, is not a DCP metadata pickle, names a data
+            file by anything but a plain string, or names one outside its folder.
         CorruptCheckpointError: the file is not a well-formed pickle (cut short, garbled).
     """
     path = os.fspath(path)
@@ -219,12 +254,33 @@ def read_dcp_metadata(path: str | os.PathLike[str]) -> Any:
     identity = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
     kept = _METADATA_READ.get(path)
     if kept is not None and kept[0] == identity:
-        return kept[1]
-    metadata = _read_dcp_metadata(path)
-    if len(_METADATA_READ) >= 16:
-        _METADATA_READ.pop(next(iter(_METADATA_READ)))
-    _METADATA_READ[path] = (identity, metadata)
+        metadata = kept[1]
+    else:
+        metadata = _read_dcp_metadata(path)
+        if len(_METADATA_READ) >= 16:
+            _METADATA_READ.pop(next(iter(_METADATA_READ)))
+        _METADATA_READ[path] = (identity, metadata)
+    _confine(metadata, path)  # every read: a data file may have become a link since the last one
     return metadata
+
+
+def _confine(metadata: Any, path: str) -> None:
+    """Refuse a data file of ``metadata`` (read from ``path``) that lies outside the metadata's folder: an
+    absolute path, a ``..`` part, or a symbolic link (of the file or of a folder on its way) that resolves
+    outside. torch's reader joins each name to the folder, so the name checked is the name opened."""
+    folder = os.path.dirname(path)
+    root = os.path.realpath(folder)
+    for relative in sorted({info.relative_path for info in (metadata.storage_data or {}).values()}):
+        parts = relative.replace("\\", "/").split("/")
+        if not relative or "\x00" in relative or os.path.isabs(relative) or ".." in parts:
+            raise UnsafeCheckpointError(path, f"a data file outside its folder: {relative!r}")
+        resolved = os.path.realpath(os.path.join(folder, relative))
+        if os.path.commonpath([root, resolved]) != root:
+            raise UnsafeCheckpointError(
+                path,
+                f"a data file {relative!r} that resolves outside its folder, to {resolved!r}",
+                "A symbolic link in a checkpoint may point only inside it; copy the file in instead.",
+            )
 
 
 def _read_dcp_metadata(path: str) -> Any:
@@ -237,6 +293,8 @@ def _read_dcp_metadata(path: str) -> Any:
             metadata = _DcpUnpickler(stream, path).load()
         except UnsafeCheckpointError:
             raise
+        except _Refused as refused:
+            raise UnsafeCheckpointError(path, str(refused)) from None
         except Exception as error:
             stream.seek(0)
             damage = pickle_damage(stream.read())
@@ -245,7 +303,38 @@ def _read_dcp_metadata(path: str) -> Any:
             raise UnsafeCheckpointError(path, f"not a DCP metadata pickle ({type(error).__name__}: {error})") from None
     if not isinstance(metadata, Metadata):
         raise UnsafeCheckpointError(path, f"a {type(metadata).__name__} instead of DCP Metadata")
+    _check_records(metadata, path)
     return metadata
+
+
+def _check_records(metadata: Any, path: str) -> None:
+    """Refuse storage records of another shape than torch writes: each data file named by a plain string (a
+    path object's string may differ from the path it opens), offsets and lengths plain non-negative ints.
+    The writer's folder (``storage_meta.checkpoint_id``, a path when torch wrote it) becomes a plain string."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    storage_meta = getattr(metadata, "storage_meta", None)
+    if isinstance(getattr(storage_meta, "checkpoint_id", None), str):
+        storage_meta.checkpoint_id = str(storage_meta.checkpoint_id)
+    records = metadata.storage_data
+    if records is None:
+        return
+    if not isinstance(records, dict):
+        raise UnsafeCheckpointError(path, f"storage records of type {type(records).__name__} instead of a dict")
+    for info in records.values():
+        if not isinstance(info, _StorageInfo):
+            raise UnsafeCheckpointError(path, f"a storage record of type {type(info).__name__}")
+        if type(info.relative_path) is not str:
+            shown = str(info.relative_path)[:120] if isinstance(info.relative_path, str) else ""
+            raise UnsafeCheckpointError(
+                path,
+                f"a data file named by a {type(info.relative_path).__name__} {shown!r} instead of a plain string"
+                + (" (a pickled path object)" if isinstance(info.relative_path, _PathString) else ""),
+            )
+        for field in ("offset", "length"):
+            value = getattr(info, field)
+            if type(value) is not int or value < 0:
+                raise UnsafeCheckpointError(path, f"a storage record whose {field} is {value!r}, not a byte count")
 
 
 def _dcp_reader_class() -> type:
@@ -469,9 +558,9 @@ def dcp_folder_checks(folder: str | os.PathLike[str], verified: set[bytes] | Non
             its optimizer's items share pickles); a new set when not given. Checks add to it.
 
     Raises:
-        UnsafeCheckpointError: the metadata names a class outside the allow-list.
+        UnsafeCheckpointError: the metadata names a class outside the allow-list, or a data file outside
+            the folder.
         FileNotFoundError: the metadata names a data file that is missing.
-        ValueError: a data file lies outside the folder.
         CorruptCheckpointError: a data file is shorter than its items.
     """
     return _dcp_checks(os.fspath(folder), set() if verified is None else verified)[1]
@@ -480,11 +569,8 @@ def dcp_folder_checks(folder: str | os.PathLike[str], verified: set[bytes] | Non
 def _dcp_checks(folder: str, verified: set[bytes]) -> tuple[Any, list[Check]]:
     metadata = read_dcp_metadata(os.path.join(folder, ".metadata"))
     by_file: dict[str, list[Any]] = {}
-    for info in (metadata.storage_data or {}).values():
-        relative = os.fspath(info.relative_path)
-        if os.path.isabs(relative) or ".." in relative.replace("\\", "/").split("/"):
-            raise ValueError(f"{folder}/.metadata names a data file outside its folder: {relative!r}")
-        by_file.setdefault(relative, []).append(info)
+    for info in (metadata.storage_data or {}).values():  # plain strings inside the folder (read_dcp_metadata)
+        by_file.setdefault(info.relative_path, []).append(info)
     checks: list[Check] = []
     for relative in sorted(by_file):
         path = os.path.join(folder, relative)

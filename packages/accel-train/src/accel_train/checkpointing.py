@@ -346,9 +346,10 @@ def check_folder(folder: str, io_: Any, distributed: bool = False, ranks: Sequen
     """Check every file a load of ``folder`` reads before anything is loaded, so that a refused or damaged
     file leaves the model and optimizer untouched: ``torch.save`` files of the layout (``io_.check_file``),
     safetensors weights and the random states and gradients of ``ranks`` (their headers:
-    `integrity`), DCP folders (``io_.sharded_checks``: metadata and every
-    item) and a backend's own sub-folders (every ``.pt`` / ``.bin`` / ``.pkl`` in them, a DeepSpeed tag for
-    example). With ``distributed`` and a folder that the processes read together (sharded or engine state),
+    `integrity`), the DCP folders of the layout (``pytorch_model_fsdp_{i}/``, ``optimizer_{i}/``:
+    ``io_.sharded_checks``, metadata and every item) and a backend's own sub-folders (every ``.pt`` /
+    ``.bin`` / ``.pkl`` / ``.pth`` in them at any depth, a DeepSpeed tag for example: the kind of a folder
+    comes from its name, so a ``.metadata`` planted there is refused instead of turning the checks off). With ``distributed`` and a folder that the processes read together (sharded or engine state),
     each process checks its share and all raise the same error (`run_checks()`).
 
     Args:
@@ -359,10 +360,12 @@ def check_folder(folder: str, io_: Any, distributed: bool = False, ranks: Sequen
             not given.
 
     Raises:
-        UnsafeCheckpointError: a file would run code when unpickled (named, with what it asks for).
+        UnsafeCheckpointError: a file would run code when unpickled (named, with what it asks for), or a
+            DCP ``.metadata`` lies in a DeepSpeed engine folder (named).
         CorruptCheckpointError: a file is damaged (named, with what was expected and found).
     """
     from accel_train.checkpoint.integrity import check_rng_file, check_weights_file
+    from accel_train.checkpoint.layout import DCP_FOLDER_RE, engine_torch_files
     from accel_train.checkpoint_safety import run_checks
 
     entries = sorted(os.listdir(folder))
@@ -385,16 +388,13 @@ def check_folder(folder: str, io_: Any, distributed: bool = False, ranks: Sequen
             if os.path.isdir(path):
                 if not _READ_FOLDER_RE.match(entry):
                     continue  # a folder of the user's, moved along with the checkpoint: never read
-                for root, dirs, files in os.walk(path):
-                    dirs.sort()
-                    relative = os.path.relpath(root, folder)
-                    if ".metadata" in files:
-                        sharded(relative)
-                        dirs[:] = []
-                        continue
-                    for name in sorted(files):
-                        if name.endswith((".pt", ".bin", ".pkl", ".pth")):
-                            checks.append(file_check(os.path.join(relative, name)))
+                if DCP_FOLDER_RE.match(entry) and os.path.isfile(os.path.join(path, ".metadata")):
+                    sharded(entry)  # torch's reader opens the files its .metadata names, and only those
+                    continue
+                # an engine folder (or a sharded one without metadata): every pickled file in it, whatever else
+                # it holds; a DCP .metadata in it is refused by name, never taken as the sign of a DCP folder
+                for relative in engine_torch_files(path):
+                    checks.append(file_check(os.path.join(entry, relative)))
             elif _READ_TORCH_FILE_RE.match(entry):
                 checks.append(file_check(entry))
             elif _READ_WEIGHTS_RE.match(entry):

@@ -10,18 +10,17 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import re
 from typing import Any
 
 from accel_state.install_hints import install_hint
 
 __all__ = ["deepspeed_engine_dir", "read_deepspeed_weights"]
 
-_MODEL_STATES_RE = re.compile(r"^(?:mp_rank_\d+|(?:bf16_)?zero_pp_rank_\d+_mp_rank_\d+)_model_states\.pt$")
-
 
 def _is_engine_dir(path: str) -> bool:
-    return os.path.isdir(path) and any(_MODEL_STATES_RE.match(name) for name in os.listdir(path))
+    from accel_train.checkpoint.layout import is_engine_folder
+
+    return is_engine_folder(path)
 
 
 def deepspeed_engine_dir(checkpoint_dir: str) -> str | None:
@@ -50,16 +49,17 @@ def read_deepspeed_weights(engine_dir: str) -> dict[str, Any]:
         engine_dir: the engine's checkpoint folder (from `deepspeed_engine_dir()`).
 
     Raises:
-        UnsafeCheckpointError: a file of the folder names a global outside the allow-list (nothing was read).
+        UnsafeCheckpointError: a file of the folder names a global outside the allow-list, or the folder holds
+            a DCP ``.metadata`` (nothing was read).
         ImportError: DeepSpeed is not installed (its reader joins the partitions).
     """
+    from accel_train.checkpoint.layout import engine_torch_files
     from accel_train.checkpointing import model_file
     from accel_train.strategies.deepspeed.checkpoint import DeepSpeedCheckpointIO
 
     checker = DeepSpeedCheckpointIO()
-    for name in sorted(os.listdir(engine_dir)):
-        if name.endswith((".pt", ".bin", ".pkl", ".pth")):
-            checker.check_file(os.path.join(engine_dir, name))
+    for relative in engine_torch_files(engine_dir):  # refuses a DCP .metadata planted beside them
+        checker.check_file(os.path.join(engine_dir, relative))
     if not _is_engine_dir(engine_dir):
         return checker.load_weights(os.path.join(engine_dir, model_file(0, True)), "cpu")
     try:

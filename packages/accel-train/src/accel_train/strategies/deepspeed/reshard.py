@@ -96,7 +96,14 @@ def _quiet_progress() -> Iterator[None]:
 
 
 def _prepare(checkpoint_folder: str, tag: str) -> str:
-    """Convert ``checkpoint_folder/tag`` into the universal folder (main process); returns that folder."""
+    """Convert ``checkpoint_folder/tag`` into the universal folder (main process); returns that folder.
+
+    The converter reads every file of the engine folder, which ``check_folder`` checked; a DCP
+    ``.metadata`` planted there is refused here as well (by name), so this never depends on that check alone.
+    """
+    from accel_train.checkpoint.layout import engine_torch_files
+
+    engine_torch_files(os.path.join(checkpoint_folder, tag))
     target = universal_dir(checkpoint_folder)
     partial = f"{target}.partial"
     for leftover in (partial, target):  # a load killed earlier

@@ -42,13 +42,19 @@ def merge_fsdp_weights(
 
     Raises:
         FileNotFoundError: ``checkpoint_dir`` does not exist.
+        UnsafeCheckpointError: a file would run code, or a DeepSpeed folder holds a DCP ``.metadata`` (named).
     """
     checkpoint_dir = os.fspath(checkpoint_dir)
     output_path = os.fspath(output_path)
     if not os.path.isdir(checkpoint_dir):
         raise FileNotFoundError(f"checkpoint folder {checkpoint_dir} does not exist")
     deepspeed_dir = None
-    if not os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
+    if os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
+        from accel_train.checkpoint.layout import is_engine_folder, stray_metadata_error
+
+        if is_engine_folder(checkpoint_dir):  # a DeepSpeed folder: its .metadata was planted, never written
+            raise stray_metadata_error(os.path.join(checkpoint_dir, ".metadata"))
+    else:
         from accel_train.checkpointing import sharded_model_dir
         from accel_train.strategies.deepspeed.merge import deepspeed_engine_dir
 
