@@ -72,57 +72,84 @@ def test_plain_master_addr_only_completes_a_several_machine_run() -> None:
         plan_of(["--cpu", "--num_machines", "2", "--num_processes", "2"])
 
 
-def test_gpu_request_without_gpu() -> None:
-    with pytest.raises(ConfigError, match="--multi_gpu asks for GPUs, but this machine has none"):
-        plan_of(["--multi_gpu"])
-    with pytest.raises(ConfigError, match=r"multi_gpu \(config file c.yaml\)"):
-        plan_of([], config={"distributed_type": "MULTI_GPU", "num_processes": 2})
-    fallback = plan_of(["--multi_gpu", "--gpu_ids", "0,1", "--cpu_fallback", "--num_processes", "2"])
-    assert fallback.values["cpu"] and "CUDA_VISIBLE_DEVICES" not in fallback.env
-    assert any("--cpu_fallback" in warning for warning in fallback.warnings)
+def test_gpu_request_without_gpu_runs_independent_cpu_processes_as_documented() -> None:
+    plain = plan_of(["--multi_gpu", "--num_processes", "2"])
+    assert plain.mode == "copies" and plain.num_processes == 2 and plain.values["cpu"]
+    assert plain.env["ACCELERATE_USE_CPU"] == "true" and plain.sources["cpu"] == "chosen by the launcher (no GPU found)"
+    assert len(plain.warnings) == 1 and "each process runs on the CPU on its own" in plain.warnings[0]
+    assert "--cpu_fallback" in plain.warnings[0]  # the warning names the opt-in to one group
+    from_file = plan_of([], config={"distributed_type": "MULTI_GPU", "num_processes": 2})
+    assert from_file.mode == "copies" and from_file.warnings[0].startswith("multi_gpu (config file c.yaml)")
+    assert plan_of(["--multi_gpu"]).mode == "simple"  # one process: nothing to copy
+    gpu_ids = plan_of(["--gpu_ids", "0,1"])
+    assert gpu_ids.mode == "simple" and "CUDA_VISIBLE_DEVICES" not in gpu_ids.env and "--gpu_ids" in gpu_ids.warnings[0]
     on_gpu = plan_of(["--multi_gpu", "--gpu_ids", "0,1"], machine=GPU4)
-    assert on_gpu.env["CUDA_VISIBLE_DEVICES"] == "0,1" and not on_gpu.warnings
+    assert on_gpu.env["CUDA_VISIBLE_DEVICES"] == "0,1" and not on_gpu.warnings and on_gpu.mode == "torchrun"
     assert not plan_of(["--gpu_ids", "all"]).warnings  # "all" asks for nothing in particular
+
+
+def test_cpu_fallback_opts_in_to_one_gloo_group() -> None:
+    fallback = plan_of(["--multi_gpu", "--gpu_ids", "0,1", "--cpu_fallback", "--num_processes", "2"])
+    assert fallback.mode == "torchrun" and fallback.values["cpu"] and "CUDA_VISIBLE_DEVICES" not in fallback.env
+    assert fallback.sources["cpu"] == "flag --cpu_fallback"
+    assert len(fallback.warnings) == 1 and "one gloo group (--cpu_fallback)" in fallback.warnings[0]
+    summary = io.StringIO()
+    print_plan(fallback, as_json=True, out=summary)
+    assert json.loads(summary.getvalue())["backend"] == {"value": "gloo", "source": "flag --cpu_fallback"}
+    with_file = plan_of(
+        ["--cpu_fallback"], config={"distributed_type": "MULTI_GPU", "num_processes": 2, "use_cpu": True}
+    )
+    assert with_file.mode == "torchrun" and with_file.sources["cpu"] == "config file c.yaml (use_cpu: true)"
 
 
 MULTI_GPU_ON_CPU = {"distributed_type": "MULTI_GPU", "num_processes": 2, "use_cpu": True}
 
 
 @pytest.mark.parametrize(
-    ("argv", "env", "config", "source"),
+    ("argv", "env"),
     [
-        (
-            ["--multi_gpu", "--num_processes", "2"],
-            {"ACCELERATE_USE_CPU": "true"},
-            None,
-            "environment ACCELERATE_USE_CPU",
-        ),
-        (["--multi_gpu", "--gpu_ids", "0,1", "--num_processes", "2"], {"ACCELERATE_USE_CPU": "1"}, None, "environment"),
-        (["--multi_gpu"], None, {"num_processes": 2, "use_cpu": True}, "config file c.yaml (use_cpu: true)"),
-        ([], None, MULTI_GPU_ON_CPU, "config file c.yaml"),
+        (["--multi_gpu", "--num_processes", "2"], {"ACCELERATE_USE_CPU": "true"}),
+        (["--multi_gpu", "--gpu_ids", "0,1", "--num_processes", "2"], {"ACCELERATE_USE_CPU": "1"}),
     ],
 )
-def test_multi_gpu_runs_on_the_cpu_the_user_chose(argv: list[str], env: dict, config: dict, source: str) -> None:
-    plan = plan_of(argv, env, config)
+def test_multi_gpu_with_the_cpu_chosen_in_the_environment_forms_one_group(argv: list[str], env: dict) -> None:
+    # The documented launcher passes an exported ACCELERATE_USE_CPU on: its processes form a MULTI_CPU group.
+    plan = plan_of(argv, env)
     assert plan.values["cpu"] and not plan.values["multi_gpu"] and plan.num_processes == 2
     assert plan.mode == "torchrun" and plan.env["ACCELERATE_USE_CPU"] == "true"
-    assert "CUDA_VISIBLE_DEVICES" not in plan.env and plan.sources["cpu"].startswith(source)
+    assert "CUDA_VISIBLE_DEVICES" not in plan.env and plan.sources["cpu"] == "environment ACCELERATE_USE_CPU"
     assert not plan.warnings  # a choice, not a fall-back: nothing to warn about
     summary = io.StringIO()
     print_plan(plan, as_json=True, out=summary)
-    assert json.loads(summary.getvalue())["backend"] == {"value": "gloo", "source": plan.sources["cpu"]}
+    assert json.loads(summary.getvalue())["backend"] == {"value": "gloo", "source": "environment ACCELERATE_USE_CPU"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "config"), [(["--multi_gpu"], {"num_processes": 2, "use_cpu": True}), ([], MULTI_GPU_ON_CPU)]
+)
+def test_multi_gpu_with_use_cpu_in_the_file_runs_independent_processes(argv: list[str], config: dict) -> None:
+    # The documented launcher does not pass a file's use_cpu to --multi_gpu processes: each stays alone.
+    plan = plan_of(argv, None, config)
+    assert plan.mode == "copies" and plan.num_processes == 2 and plan.env["ACCELERATE_USE_CPU"] == "true"
+    assert plan.sources["cpu"] == "config file c.yaml (use_cpu: true)"
+    assert "each process runs on the CPU on its own" in plan.warnings[0]
+    summary = io.StringIO()
+    print_plan(plan, as_json=True, out=summary)
+    backend = json.loads(summary.getvalue())["backend"]
+    assert backend == {"value": "none (each process on its own)", "source": "config file c.yaml (use_cpu: true)"}
 
 
 def test_the_cpu_choice_does_not_override_gpus_that_exist() -> None:
     flag_over_file = plan_of(["--multi_gpu"], config={"num_processes": 2, "use_cpu": True}, machine=GPU4)
     assert not flag_over_file.values["cpu"] and flag_over_file.env["ACCELERATE_USE_CPU"] == "false"
+    file_alone = plan_of([], config=MULTI_GPU_ON_CPU, machine=GPU4)
+    assert file_alone.mode == "torchrun" and file_alone.env["ACCELERATE_USE_CPU"] == "false"
     with_env = plan_of(["--multi_gpu", "--num_processes", "2"], {"ACCELERATE_USE_CPU": "true"}, machine=GPU4)
     assert with_env.values["multi_gpu"] and "ACCELERATE_USE_CPU" in with_env.defaulted_env  # the exported value wins
 
 
 def test_the_cpu_choice_is_read_only_where_it_matters_and_must_be_a_boolean() -> None:
-    with pytest.raises(ConfigError, match="this machine has none.*ACCELERATE_USE_CPU=true in the environment"):
-        plan_of(["--multi_gpu"], {"ACCELERATE_USE_CPU": "false"})
+    assert plan_of(["--multi_gpu", "--num_processes", "2"], {"ACCELERATE_USE_CPU": "false"}).mode == "copies"
     with pytest.raises(ConfigError, match=r"ACCELERATE_USE_CPU='maybe' in the environment is not a boolean"):
         plan_of(["--multi_gpu"], {"ACCELERATE_USE_CPU": "maybe"})
     assert plan_of(["--cpu"], {"ACCELERATE_USE_CPU": "maybe"}).values["cpu"]  # not consulted: no GPU asked for

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from accel_state.errors import CheckpointError, CorruptCheckpointError
+from accel_state.errors import CORRUPT_HINT, CheckpointError, CorruptCheckpointError
 
 SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -73,9 +73,14 @@ def _element_size(dtype: torch.dtype) -> int:
 def read_safetensors_header(path: str) -> tuple[dict[str, TensorLocation], dict[str, str]]:
     """Tensor locations and metadata of a safetensors file, read from its header only.
 
-    A file too short for the header it announces, a header that is not a JSON object, or a tensor whose
-    bytes lie beyond the end of the file is a `CorruptCheckpointError` naming
-    the file (a `CheckpointError` too); an unknown dtype a `CheckpointError`.
+    The header is checked as the safetensors library checks it before reading a tensor, so a file it
+    refuses is refused here too rather than read as wrong weights: a file too short for the header it
+    announces (or a header over 100 MB), a header that is not a JSON object, ``__metadata__`` that is
+    not an object of strings, an entry without a known ``dtype``, a ``shape`` of non-negative integers
+    and ``data_offsets`` of two non-negative integers in order, a size that is not dtype x shape,
+    tensors that overlap, leave a gap or start after byte 0 of the data, or bytes past the end of the
+    file. Each is a `CorruptCheckpointError` (a `CheckpointError` and a ``ValueError``) naming the file
+    and the field. Bytes after the last tensor are left to `check_safetensors_file()`.
 
     Args:
         path: the safetensors file.
@@ -83,8 +88,12 @@ def read_safetensors_header(path: str) -> tuple[dict[str, TensorLocation], dict[
     return _read_header(path)[1:]
 
 
+#: The largest header the safetensors library reads (its ``HeaderTooLarge`` limit), in bytes.
+MAX_HEADER_BYTES = 100_000_000
+
+
 def _read_header(path: str) -> tuple[int, dict[str, TensorLocation], dict[str, str]]:
-    """``(header length, locations, metadata)`` of the safetensors file ``path``."""
+    """``(header length, locations, metadata)`` of the safetensors file ``path``, every field checked."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         raw_len = f.read(8)
@@ -99,6 +108,10 @@ def _read_header(path: str) -> tuple[int, dict[str, TensorLocation], dict[str, s
                 f"a safetensors header of {header_len} bytes after its 8-byte length (as the file's first bytes say)",
                 f"a file of {size} bytes",
             )
+        if header_len > MAX_HEADER_BYTES:
+            raise CorruptCheckpointError(
+                path, f"a safetensors header of at most {MAX_HEADER_BYTES} bytes", f"one of {header_len} bytes"
+            )
         raw = f.read(header_len)
     try:
         header = json.loads(raw)
@@ -106,31 +119,88 @@ def _read_header(path: str) -> tuple[int, dict[str, TensorLocation], dict[str, s
         raise CorruptCheckpointError(path, "a safetensors header in JSON", f"bytes that are not JSON ({err})") from None
     if not isinstance(header, dict):
         raise CorruptCheckpointError(path, "a safetensors header holding a JSON object", f"a {type(header).__name__}")
-    metadata = header.pop("__metadata__", None) or {}
+    metadata = _metadata(path, header.pop("__metadata__", None))
     base = 8 + header_len
     locations: dict[str, TensorLocation] = {}
+    spans: list[tuple[int, int, str]] = []
     for name, info in header.items():
-        try:
-            dtype = SAFETENSORS_DTYPES[info["dtype"]]
-            begin, end = (int(offset) for offset in info["data_offsets"])
-            shape = tuple(int(d) for d in info["shape"])
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError(
-                f"Checkpoint file {path!r} is corrupt or uses an unknown dtype for tensor {name!r}: {info!r}."
-            ) from None
+        begin, end, location = _entry(path, name, info, base)
         if base + end > size:
             raise CorruptCheckpointError(
                 path, f"tensor {name!r} in bytes {base + begin} to {base + end}", f"a file of {size} bytes"
             )
-        location = TensorLocation(path, base + begin, dtype, shape)
-        if location.nbytes != end - begin:
+        locations[name] = location
+        spans.append((begin, end, name))
+    _check_packed(path, spans)
+    return header_len, locations, metadata
+
+
+def _metadata(path: str, value: Any) -> dict[str, str]:
+    """The header's ``__metadata__``: absent, null or an object whose values are all strings."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(item, str) for item in value.values()):
+        raise CorruptCheckpointError(
+            path, "`__metadata__` in the safetensors header as an object of strings", f"{value!r:.200}"
+        )
+    return value
+
+
+def _is_count(value: Any) -> bool:
+    """A JSON integer of 0 or more (JSON ``true`` is a bool, not a count)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _entry(path: str, name: str, info: Any, base: int) -> tuple[int, int, TensorLocation]:
+    """``(begin, end, location)`` of header entry ``name``, each field checked."""
+
+    def bad(field: str, expected: str, found: Any) -> CorruptCheckpointError:
+        return CorruptCheckpointError(path, f"`{field}` of tensor {name!r} as {expected}", f"{found!r:.200}")
+
+    if not isinstance(info, dict):
+        raise bad("entry", "an object with dtype, shape and data_offsets", info)
+    dtype_name = info.get("dtype")
+    if not isinstance(dtype_name, str) or dtype_name not in SAFETENSORS_DTYPES:
+        raise CorruptCheckpointError(
+            path,
+            f"`dtype` of tensor {name!r} as one of {', '.join(SAFETENSORS_DTYPES)}",
+            f"{dtype_name!r:.200}",
+            hint="A dtype this torch cannot hold is refused too: convert the file with the library that wrote "
+            "it, or use a torch that has the dtype; otherwise " + CORRUPT_HINT[0].lower() + CORRUPT_HINT[1:],
+        )
+    shape = info.get("shape")
+    if not isinstance(shape, list) or not all(_is_count(dim) for dim in shape):
+        raise bad("shape", "a list of integers of 0 or more", shape)
+    offsets = info.get("data_offsets")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(item) for item in offsets):
+        raise bad("data_offsets", "two integers of 0 or more (begin, end)", offsets)
+    begin, end = offsets
+    if end < begin:
+        raise bad("data_offsets", "a begin no larger than the end", offsets)
+    location = TensorLocation(path, base + begin, SAFETENSORS_DTYPES[dtype_name], tuple(shape))
+    if location.nbytes != end - begin:
+        raise CorruptCheckpointError(
+            path,
+            f"{location.nbytes} bytes for tensor {name!r} ({dtype_name}, shape {list(shape)})",
+            f"{end - begin} bytes in its `data_offsets` {offsets}",
+        )
+    return begin, end, location
+
+
+def _check_packed(path: str, spans: list[tuple[int, int, str]]) -> None:
+    """The tensors' byte ranges, in order, follow one another from byte 0 of the data: no overlap, no gap."""
+    position = 0
+    previous = None
+    for begin, end, name in sorted(spans):
+        if begin != position:
+            where = f"right after tensor {previous!r}" if previous is not None else "at the start of the data"
+            found = "an overlap with it" if begin < position else f"a gap of {begin - position} bytes"
             raise CorruptCheckpointError(
                 path,
-                f"{location.nbytes} bytes for tensor {name!r} ({info['dtype']}, shape {list(shape)})",
-                f"{end - begin} bytes in its header entry",
+                f"tensor {name!r} at data byte {position}, {where}",
+                f"`data_offsets` [{begin}, {end}]: {found}",
             )
-        locations[name] = location
-    return header_len, locations, metadata
+        position, previous = end, name
 
 
 def check_safetensors_file(path: str) -> tuple[dict[str, TensorLocation], dict[str, str]]:
@@ -145,17 +215,9 @@ def check_safetensors_file(path: str) -> tuple[dict[str, TensorLocation], dict[s
         CorruptCheckpointError: the file is shorter or longer than its header says, or its header is
             broken (see `read_safetensors_header()`).
     """
-    header_len, locations, metadata = _read_header(path)
+    header_len, locations, metadata = _read_header(path)  # tensors packed from the end of the header
     base = 8 + header_len
-    position = base
-    for name, location in sorted(locations.items(), key=lambda item: (item[1].offset, item[1].nbytes)):
-        if location.offset != position:
-            raise CorruptCheckpointError(
-                path,
-                f"tensor {name!r} to start at byte {position}, right after the previous one",
-                f"a header placing it at byte {location.offset}",
-            )
-        position += location.nbytes
+    position = base + sum(location.nbytes for location in locations.values())
     size = os.path.getsize(path)
     if position != size:
         raise CorruptCheckpointError(

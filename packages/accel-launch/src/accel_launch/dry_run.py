@@ -19,6 +19,7 @@ from accel_launch.plan import LaunchPlan
 #: The launcher each mode uses, in words.
 _LAUNCHERS = {
     "simple": "one child process",
+    "copies": "independent child processes, no process group",
     "torchrun": "torch.distributed.run (elastic agent, in the launcher's process)",
     "deepspeed": "the deepspeed launcher",
     "mpirun": "mpirun",
@@ -115,15 +116,21 @@ def plan_summary(plan: LaunchPlan) -> dict[str, Any]:
             "address": _entry(plan, "main_process_ip", plan.main_process_ip or "127.0.0.1"),
             "port": _entry(plan, "main_process_port", port),
         },
-        "backend": {
-            "value": _BACKENDS["cpu"] if device == "cpu" else "the default of the device each process finds",
-            "source": plan.sources.get("cpu", "default") if device == "cpu" else "chosen by each process",
-        },
+        "backend": _backend(plan, device),
         "mixed_precision": _entry(plan, "mixed_precision"),
         "strategy": {"value": strategy, "source": _strategy_source(plan, strategy), "settings": settings},
         "environment": dict(sorted(plan.env.items())),
         "warnings": list(plan.warnings),
     }
+
+
+def _backend(plan: LaunchPlan, device: str | None) -> dict[str, str]:
+    """The collective backend the processes start, and what chose it."""
+    if plan.values.get("_independent"):
+        return {"value": "none (each process on its own)", "source": plan.sources.get("cpu", "default")}
+    if device == "cpu":
+        return {"value": _BACKENDS["cpu"], "source": plan.sources.get("cpu", "default")}
+    return {"value": "the default of the device each process finds", "source": "chosen by each process"}
 
 
 def _line(out: TextIO, label: str, value: Any, source: str | None = None, indent: int = 2) -> None:

@@ -110,7 +110,7 @@ OPTIONS: tuple[Option, ...] = (
     # hardware
     _O("cpu", "switch", G_HARDWARE, "Run on the CPU even when an accelerator is present.", TOP, key="use_cpu", default=False),
     _O("multi_gpu", "switch", G_HARDWARE, "Launch a distributed GPU run.", None),
-    _O("cpu_fallback", "switch", G_HARDWARE, "With --multi_gpu or --gpu_ids on a machine without GPU, run on the CPU (said on stderr) instead of failing.", None),
+    _O("cpu_fallback", "switch", G_HARDWARE, "With --multi_gpu or --gpu_ids on a machine without GPU, join the CPU processes in one gloo group (accel's opt-in) instead of running each on its own as the documented launcher does.", None),
     _O("tpu", "switch", G_HARDWARE, "Launch a TPU run.", None),
     _O("ipex", "switch", G_HARDWARE, "Use Intel Extension for PyTorch (IPEX).", "ipex_config", default=False),
     # resources

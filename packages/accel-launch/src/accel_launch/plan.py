@@ -26,7 +26,7 @@ from accel_state.enums import (
     OffloadDevice,
 )
 
-MODES = ("simple", "torchrun", "deepspeed", "mpirun", "tpu", "tpu_pod", "sagemaker")
+MODES = ("simple", "copies", "torchrun", "deepspeed", "mpirun", "tpu", "tpu_pod", "sagemaker")
 
 _PARADIGMS = ("use_deepspeed", "use_fsdp", "use_megatron_lm")
 _HARDWARE = ("cpu", "multi_gpu", "tpu", *_PARADIGMS)
@@ -161,11 +161,11 @@ def config_values(config: Any) -> dict[str, Any]:
     if isinstance(dtype, DistributedType):
         if dtype in _TYPE_FLAGS:
             out.update(_TYPE_FLAGS[dtype])
-        elif dtype.name.startswith("MULTI_") and out.get("cpu"):
-            # `use_cpu: true` beside a multi-device type: the file chose the CPU, for several processes
-            out.update(_TYPE_FLAGS[DistributedType.MULTI_CPU])
         elif dtype.name.startswith("MULTI_"):
+            # A multi-device type asks for devices, `use_cpu: true` beside it or not: the documented
+            # launcher reads it so (the CPU choice only matters where no device exists, `_check_gpu_request`).
             out["multi_gpu"] = True
+            out.pop("cpu", None)
     return out
 
 
@@ -446,9 +446,13 @@ def _check_gpu_request(
     out: list[str],
     cpu_choice: Callable[[], str | None] | None = None,
 ) -> None:
-    """``--multi_gpu`` or ``--gpu_ids`` on a machine without an accelerator: a run on the CPU when the user
-    chose it (``cpu_choice`` says where: config file or environment), with ``--cpu_fallback`` a CPU run
-    that says so (in ``out``), else an error."""
+    """``--multi_gpu`` or ``--gpu_ids`` on a machine without an accelerator: always a run on the CPU.
+
+    As the documented launcher does, the processes run each on its own (``values["_independent"]``: no
+    process group, each one process 0 of 1), said in ``out`` — unless ``ACCELERATE_USE_CPU=true`` in the
+    environment (their state then forms one gloo group, as it does there) or ``--cpu_fallback`` (the
+    explicit opt-in to one gloo group). ``cpu_choice`` says where the user chose the CPU, if anywhere.
+    """
     if machine.has_accelerator or values.get("cpu") or values.get("tpu"):
         return
     asked = [
@@ -459,17 +463,21 @@ def _check_gpu_request(
     if not asked:
         return
     chosen = cpu_choice() if cpu_choice is not None else None
-    if chosen is None and not values.get("cpu_fallback"):
-        raise ConfigError(
-            f"{' and '.join(asked)} asks for GPUs, but this machine has none (torch finds no CUDA, XPU, NPU, MLU, "
-            "MUSA or HPU device): to run on the CPU, pass --cpu instead (or set `use_cpu: true` in the config file, "
-            "or ACCELERATE_USE_CPU=true in the environment), or add --cpu_fallback to fall back to it"
-        )
-    if chosen is not None:  # the CPU the user chose: no fall-back to announce, its source in the plan
-        sources["cpu"] = chosen
-    else:
+    sources["cpu"] = chosen or (
+        "flag --cpu_fallback" if values.get("cpu_fallback") else "chosen by the launcher (no GPU found)"
+    )
+    if values.get("cpu_fallback"):
         out.append(
-            f"{' and '.join(asked)} asks for GPUs, but this machine has none: running on the CPU (--cpu_fallback)"
+            f"{' and '.join(asked)} asks for GPUs, but this machine has none: running on the CPU, the processes "
+            "forming one gloo group (--cpu_fallback)"
+        )
+    elif chosen is None or not chosen.startswith("environment"):
+        # The documented launcher's processes see no GPU and no ACCELERATE_USE_CPU: each stays undistributed.
+        values["_independent"] = True
+        out.append(
+            f"{' and '.join(asked)} asks for GPUs, but this machine has none: each process runs on the CPU on its "
+            "own (no process group, each is process 0 of 1), as Hugging Face Accelerate does; add --cpu_fallback "
+            "for one gloo group over them, or use --cpu for one process"
         )
     values["multi_gpu"] = False
     values["gpu_ids"] = None
@@ -509,6 +517,8 @@ def _mode(values: Mapping[str, Any], num_processes: int, num_machines: int, sage
         return "deepspeed"
     if values.get("cpu") and values.get("mpirun_hostfile") and num_processes > 1:
         return "mpirun"
+    if values.get("_independent"):
+        return "copies" if num_processes > num_machines else "simple"
     paradigm = any(values.get(name) for name in _PARADIGMS)
     if num_processes > 1 or num_machines > 1 or paradigm or values.get("multi_gpu"):
         return "torchrun"
@@ -566,7 +576,7 @@ def build_env(
     env = env_vars.encode(protocol)
 
     threads = values.get("num_cpu_threads_per_process")
-    if threads is None and values.get("cpu") and mode in ("torchrun", "mpirun"):
+    if threads is None and values.get("cpu") and mode in ("torchrun", "mpirun", "copies"):
         threads = max(1, machine.cpu_cores // max(nproc_per_node, 1))
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)

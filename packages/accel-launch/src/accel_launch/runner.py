@@ -2,7 +2,8 @@
 
 Multi-process and multi-machine runs go through ``torch.distributed.run``, called in this process
 (no extra interpreter); DeepSpeed multi-node runs through DeepSpeed's own launcher; one process is a
-plain child process. Checks that fail fast come first: a missing script, a port already taken.
+plain child process, and so is each of the independent processes of ``--multi_gpu`` without a GPU
+(`accel_launch.copies`). Checks that fail fast come first: a missing script, a port already taken.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from accel_launch.commands_build import (
     script_command,
     torchrun_args,
 )
+from accel_launch.copies import run_copies
 from accel_launch.plan import LaunchPlan
 from accel_launch.process_guard import (
     ParentDeathPrefix,
@@ -166,6 +168,25 @@ def run_simple(plan: LaunchPlan) -> int:
         code = TERMINATED_EXIT_CODE
     if code != 0 and not plan.values.get("quiet"):
         print(f"accel launch: {' '.join(cmd)} exited with code {code}", file=sys.stderr)
+    return code
+
+
+def run_independent(plan: LaunchPlan) -> int:
+    """``copies`` mode: the processes of this machine, each on its own (no process group); the status of
+    the first that failed, or 0."""
+    cmd = script_command(plan)
+    try:
+        code, failed = run_copies(cmd, _child_env(plan), plan.nproc_per_node)
+    except FileNotFoundError as error:
+        raise LaunchError(f"cannot start {cmd[0]!r}: {error}") from None
+    if code == -signal.SIGTERM:
+        code = TERMINATED_EXIT_CODE
+    if code != 0 and not plan.values.get("quiet"):
+        print(
+            f"accel launch: process {failed} of {plan.nproc_per_node} ({' '.join(cmd)}) exited with code {code}; "
+            "the others were stopped",
+            file=sys.stderr,
+        )
     return code
 
 
@@ -387,6 +408,10 @@ def execute(plan: LaunchPlan) -> int:
         check_script(plan)
     if plan.mode == "simple":
         code = run_simple(plan)
+        requeue_if_asked(plan, code)
+        return code
+    if plan.mode == "copies":
+        code = run_independent(plan)
         requeue_if_asked(plan, code)
         return code
     if plan.mode == "torchrun":
