@@ -40,6 +40,11 @@ __all__ = ["PipelineStrategy", "PipelinedModel"]
 
 MODEL_ENTRY = "pytorch_model_pp"
 OPTIMIZER_ENTRY = "optimizer_pp"
+#: The pipeline's entries in a checkpoint folder: one DCP folder per model and per optimizer.
+CHECKPOINT_ENTRIES: dict[str, CheckpointEntry] = {
+    "model": CheckpointEntry(rf"^{MODEL_ENTRY}(?:_(\d+))?$", lambda i: f"{MODEL_ENTRY}_{i}"),
+    "optimizer": CheckpointEntry(rf"^{OPTIMIZER_ENTRY}_(\d+)$", lambda i: f"{OPTIMIZER_ENTRY}_{i}"),
+}
 
 
 class _ScaledLoss:
@@ -405,10 +410,7 @@ class PipelineStrategy(Strategy):
         return get_optimizer_state_dict(self._stage_of(optimizer), inner)
 
     def checkpoint_entries(self) -> dict[str, CheckpointEntry]:
-        return {
-            "model": CheckpointEntry(rf"^{MODEL_ENTRY}(?:_(\d+))?$", lambda i: f"{MODEL_ENTRY}_{i}"),
-            "optimizer": CheckpointEntry(rf"^{OPTIMIZER_ENTRY}_(\d+)$", lambda i: f"{OPTIMIZER_ENTRY}_{i}"),
-        }
+        return dict(CHECKPOINT_ENTRIES)
 
     def checkpoint_weights(self, model: torch.nn.Module) -> dict[str, Any] | None:
         return None  # every stage writes its part
