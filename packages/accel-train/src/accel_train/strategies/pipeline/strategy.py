@@ -418,39 +418,38 @@ class PipelineStrategy(Strategy):
     def save_model_checkpoint(
         self, model: torch.nn.Module, weights: Any, folder: str, index: int, safe_serialization: bool, is_writer: bool
     ) -> str:
-        """Each stage writes its parameters (under their names in the whole model) into one DCP folder."""
-        import torch.distributed.checkpoint as dcp
-
+        """Each stage writes its parameters (under their names in the whole model) into one DCP folder,
+        through the checkpoint I/O (collective)."""
         name = self.checkpoint_entries()["model"].name(index)
         stage = self.unwrap_model(model, keep_torch_compile=False)
-        dcp.save(stage.state_dict(), checkpoint_id=os.path.join(folder, name))
+        self.checkpoint_io.save_sharded(stage.state_dict(), os.path.join(folder, name))
         return name
 
     def load_model_checkpoint(
         self, model: torch.nn.Module, folder: str, entry: str, device: Any, strict: bool = True
     ) -> None:
-        import torch.distributed.checkpoint as dcp
-
+        """Read this stage's parameters from the DCP folder ``folder/entry`` with the checkpoint I/O's
+        allow-list reader (collective); the stage split may differ from the one that saved."""
         stage = self.unwrap_model(model, keep_torch_compile=False)
         state = stage.state_dict()
-        dcp.load(state, checkpoint_id=os.path.join(folder, entry))
+        self.checkpoint_io.load_sharded(state, os.path.join(folder, entry))
         stage.load_state_dict(state, strict=strict)
 
     def save_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, is_writer: bool) -> str:
-        import torch.distributed.checkpoint as dcp
-
+        """This stage's optimizer state into one DCP folder shared by the stages, through the checkpoint
+        I/O (collective)."""
         name = self.checkpoint_entries()["optimizer"].name(index)
-        dcp.save(self.optimizer_state_dict(optimizer), checkpoint_id=os.path.join(folder, name))
+        self.checkpoint_io.save_sharded(self.optimizer_state_dict(optimizer), os.path.join(folder, name))
         return name
 
     def load_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, map_location: Any) -> None:
-        import torch.distributed.checkpoint as dcp
+        """Restore this stage's optimizer state with the checkpoint I/O's allow-list reader (collective)."""
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
         inner = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
         stage = self._stage_of(optimizer)
         state = self.optimizer_state_dict(optimizer)
-        dcp.load(state, checkpoint_id=os.path.join(folder, self.checkpoint_entries()["optimizer"].name(index)))
+        self.checkpoint_io.load_sharded(state, os.path.join(folder, self.checkpoint_entries()["optimizer"].name(index)))
         set_optimizer_state_dict(stage, inner, state)
 
 
