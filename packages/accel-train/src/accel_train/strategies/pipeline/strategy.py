@@ -33,6 +33,11 @@ from accel_train.strategies.base import (
     parameter_locations,
     rebind_optimizer_parameters,
 )
+from accel_train.strategies.pipeline.checkpoint import (
+    check_saved_groups,
+    stage_groups_for_checkpoint,
+    stage_groups_from_checkpoint,
+)
 from accel_train.strategies.pipeline.config import PipelineParallelConfig, PipelineSchedule
 from accel_train.strategies.pipeline.split import stage_bounds, stage_module
 
@@ -436,21 +441,29 @@ class PipelineStrategy(Strategy):
         stage.load_state_dict(state, strict=strict)
 
     def save_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, is_writer: bool) -> str:
-        """This stage's optimizer state into one DCP folder shared by the stages, through the checkpoint
-        I/O (collective)."""
+        """This stage's optimizer state into one DCP folder shared by the stages (collective).
+
+        The hyper-parameters of each parameter group are written without the group's parameter names
+        (`stage_groups_for_checkpoint()`): every stage holds the same groups with other parameters, and
+        DCP keeps one copy of an item that several processes write under one key.
+        """
         name = self.checkpoint_entries()["optimizer"].name(index)
-        self.checkpoint_io.save_sharded(self.optimizer_state_dict(optimizer), os.path.join(folder, name))
+        state = stage_groups_for_checkpoint(self.optimizer_state_dict(optimizer))
+        self.checkpoint_io.save_sharded(state, os.path.join(folder, name))
         return name
 
     def load_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, map_location: Any) -> None:
-        """Restore this stage's optimizer state with the checkpoint I/O's allow-list reader (collective)."""
+        """Restore this stage's optimizer state and its groups' hyper-parameters (collective)."""
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
         inner = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
         stage = self._stage_of(optimizer)
-        state = self.optimizer_state_dict(optimizer)
-        self.checkpoint_io.load_sharded(state, os.path.join(folder, self.checkpoint_entries()["optimizer"].name(index)))
-        set_optimizer_state_dict(stage, inner, state)
+        path = os.path.join(folder, self.checkpoint_entries()["optimizer"].name(index))
+        current = self.optimizer_state_dict(optimizer)
+        metadata = self.checkpoint_io.sharded_metadata(path)
+        state = check_saved_groups(metadata, stage_groups_for_checkpoint(current), path)
+        self.checkpoint_io.load_sharded(state, path)
+        set_optimizer_state_dict(stage, inner, stage_groups_from_checkpoint(state, current))
 
 
 def _full(tensor: Any) -> Any:
