@@ -17,7 +17,7 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,9 +194,29 @@ def swap_into_place(tmp: str, final_dir: str, owned: Callable[[str], bool]) -> N
     shutil.rmtree(old, ignore_errors=True)
 
 
-def publish(tmp: str, final_dir: str) -> None:
-    """Rename the complete partial folder into place, replacing an older one of the same name atomically."""
-    swap_into_place(tmp, final_dir, lambda entry: bool(_OWNED_RE.match(entry)))
+def _entry_patterns(entries: Mapping[str, Any] | None, sharded_only: bool = False) -> list[re.Pattern[str]]:
+    """The compiled patterns of a strategy's checkpoint entries (`Strategy.checkpoint_entries()`); with
+    ``sharded_only``, of those that are ``torch.distributed.checkpoint`` folders only."""
+    chosen = [e for e in (entries or {}).values() if getattr(e, "sharded", False) or not sharded_only]
+    return [re.compile(entry.pattern) for entry in chosen]
+
+
+def publish(tmp: str, final_dir: str, entries: Mapping[str, Any] | None = None) -> None:
+    """Rename the complete partial folder into place, replacing an older one of the same name atomically.
+
+    Args:
+        tmp: the complete partial folder.
+        final_dir: where it goes.
+        entries: the checkpoint entries of the strategy that saved (`Strategy.checkpoint_entries()`): a
+            previous folder's entries of that kind are the checkpoint's, not the user's, so they are not
+            carried into the new folder (the documented names are always the checkpoint's).
+    """
+    patterns = _entry_patterns(entries)
+    swap_into_place(tmp, final_dir, lambda entry: bool(_OWNED_RE.match(entry) or _matches(entry, patterns)))
+
+
+def _matches(entry: str, patterns: Sequence[re.Pattern[str]]) -> bool:
+    return any(pattern.match(entry) for pattern in patterns)
 
 
 def discard(tmp: str) -> None:
@@ -342,7 +362,13 @@ _READ_FOLDER_RE = re.compile(r"^(pytorch_model(_fsdp)?(_\d+)?|optimizer_\d+)$")
 _READ_WEIGHTS_RE = re.compile(r"^model(_\d+)?\.safetensors$")
 
 
-def check_folder(folder: str, io_: Any, distributed: bool = False, ranks: Sequence[int] | None = None) -> None:
+def check_folder(
+    folder: str,
+    io_: Any,
+    distributed: bool = False,
+    ranks: Sequence[int] | None = None,
+    entries: Mapping[str, Any] | None = None,
+) -> None:
     """Check every file a load of ``folder`` reads before anything is loaded, so that a refused or damaged
     file leaves the model and optimizer untouched: ``torch.save`` files of the layout (``io_.check_file``),
     safetensors weights and the random states and gradients of ``ranks`` (their headers:
@@ -358,6 +384,10 @@ def check_folder(folder: str, io_: Any, distributed: bool = False, ranks: Sequen
         distributed: whether every process of the run calls this on the same folder.
         ranks: the processes whose own files (random states, gradients) this load reads; all present when
             not given.
+        entries: the checkpoint entries of the strategy that will read the folder
+            (`Strategy.checkpoint_entries()`): a sub-folder matching one of their patterns is read by
+            that strategy, so it is checked like the documented ones (a pipeline's ``pytorch_model_pp_0/``,
+            Megatron-LM's ``megatron_model_0/``).
 
     Raises:
         UnsafeCheckpointError: a file would run code when unpickled (named, with what it asks for), or a
@@ -365,11 +395,18 @@ def check_folder(folder: str, io_: Any, distributed: bool = False, ranks: Sequen
         CorruptCheckpointError: a file is damaged (named, with what was expected and found).
     """
     from accel_train.checkpoint.integrity import check_rng_file, check_weights_file
-    from accel_train.checkpoint.layout import DCP_FOLDER_RE, engine_torch_files
+    from accel_train.checkpoint.layout import DCP_FOLDER_RE, engine_torch_files, torch_files
     from accel_train.checkpoint_safety import run_checks
 
-    entries = sorted(os.listdir(folder))
-    shared = distributed and any(_READ_FOLDER_RE.match(e) and os.path.isdir(os.path.join(folder, e)) for e in entries)
+    patterns = [_READ_FOLDER_RE, *_entry_patterns(entries)]
+    sharded_patterns = [DCP_FOLDER_RE, *_entry_patterns(entries, sharded_only=True)]
+    names = sorted(os.listdir(folder))
+
+    def read_folder(entry: str) -> bool:
+        """Whether ``entry`` is a sub-folder that the load reads."""
+        return _matches(entry, patterns) and os.path.isdir(os.path.join(folder, entry))
+
+    shared = distributed and any(read_folder(e) for e in names)
 
     def file_check(relative: str, check: Callable[[str], Any] | None = None) -> tuple[str, Callable[[], None]]:
         path = os.path.join(folder, relative)
@@ -383,13 +420,16 @@ def check_folder(folder: str, io_: Any, distributed: bool = False, ranks: Sequen
             found = io_.sharded_checks(os.path.join(folder, relative), verified)
             checks.extend((f"{relative}/{label}", check) for label, check in found)
 
-        for entry in entries:
+        for entry in names:
             path = os.path.join(folder, entry)
             if os.path.isdir(path):
-                if not _READ_FOLDER_RE.match(entry):
+                if not read_folder(entry):
                     continue  # a folder of the user's, moved along with the checkpoint: never read
-                if DCP_FOLDER_RE.match(entry) and os.path.isfile(os.path.join(path, ".metadata")):
-                    sharded(entry)  # torch's reader opens the files its .metadata names, and only those
+                if _matches(entry, sharded_patterns) and os.path.isfile(os.path.join(path, ".metadata")):
+                    sharded(entry)  # torch's reader opens the files its .metadata names
+                    # and a backend may open pickled files beside it (Megatron-LM's common.pt): those too
+                    for relative in torch_files(path):
+                        checks.append(file_check(os.path.join(entry, relative)))
                     continue
                 # an engine folder (or a sharded one without metadata): every pickled file in it, whatever else
                 # it holds; a DCP .metadata in it is refused by name, never taken as the sign of a DCP folder
@@ -400,7 +440,7 @@ def check_folder(folder: str, io_: Any, distributed: bool = False, ranks: Sequen
             elif _READ_WEIGHTS_RE.match(entry):
                 checks.append(file_check(entry, check_weights_file))
         per_process = re.compile(rf"^(?:{FILE_NAMES['rng']}|{FILE_NAMES['grads']})_(\d+)\.safetensors$")
-        present = sorted({int(match.group(1)) for match in map(per_process.match, entries) if match})
+        present = sorted({int(match.group(1)) for match in map(per_process.match, names) if match})
         for rank in present if ranks is None else ranks:
             for name, check in ((rng_file(rank), check_rng_file), (grads_file(rank), check_weights_file)):
                 if os.path.isfile(os.path.join(folder, name)):
@@ -527,7 +567,7 @@ def read_objects(
     io_ = strategy.checkpoint_io
     grouped = distributed and dist.is_available() and dist.is_initialized()
     ranks = range(dist.get_world_size()) if grouped else [process_index]  # whose own files the run reads
-    check_folder(folder, io_, distributed=distributed, ranks=ranks)
+    check_folder(folder, io_, distributed=distributed, ranks=ranks, entries=strategy.checkpoint_entries())
     for model, entry in zip(objects.models, model_entries):
         strategy.load_model_checkpoint(model, folder, entry, device, strict=strict)
     for index, optimizer in enumerate(objects.optimizers):

@@ -20,6 +20,7 @@ __all__ = [
     "engine_torch_files",
     "is_engine_folder",
     "stray_metadata_error",
+    "torch_files",
 ]
 
 #: ``torch.distributed.checkpoint`` folders of the layout (sharded model and optimizer state).
@@ -43,6 +44,19 @@ def stray_metadata_error(path: str) -> UnsafeCheckpointError:
         "torch.distributed.checkpoint metadata inside a DeepSpeed engine folder, where the layout has none",
         "DeepSpeed writes no such file; remove it if the folder is otherwise trusted, or load an earlier checkpoint.",
     )
+
+
+def torch_files(folder: str) -> list[str]:
+    """Every ``.pt`` / ``.bin`` / ``.pkl`` / ``.pth`` file under ``folder`` at any depth, relative to it,
+    sorted: the pickled files a backend may open beside a ``torch.distributed.checkpoint`` folder's own
+    data files (Megatron-LM's ``common.pt``), each to be checked like any other."""
+    found: list[str] = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        found += [
+            os.path.relpath(os.path.join(root, n), folder) for n in sorted(files) if n.endswith(TORCH_FILE_SUFFIXES)
+        ]
+    return found
 
 
 def engine_torch_files(folder: str) -> list[str]:

@@ -242,7 +242,7 @@ class Checkpointer:
             self.state.wait_for_everyone()
         if writer:
             io_.write_manifest(tmp, manifest)
-            ckpt.publish(tmp, output_dir)
+            ckpt.publish(tmp, output_dir, strategy.checkpoint_entries())
         if alone:
             self._announce_saved(output_dir)
         else:

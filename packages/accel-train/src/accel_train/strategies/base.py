@@ -105,11 +105,14 @@ class CheckpointEntry:
     """How one kind of object (models, optimizers) appears in a checkpoint folder.
 
     ``pattern`` is a regular expression over folder entries whose first group is the index (empty
-    for index 0); ``name(index)`` gives the entry written for that index.
+    for index 0); ``name(index)`` gives the entry written for that index. ``sharded`` says that the
+    entry is a ``torch.distributed.checkpoint`` folder, whose ``.metadata`` names the files read (the
+    pre-load check then judges that metadata and its items); otherwise a ``.metadata`` in it is refused.
     """
 
     pattern: str
     name: Callable[[int], str]
+    sharded: bool = False
 
 
 def parameter_locations(

@@ -353,8 +353,10 @@ class MegatronLMStrategy(Strategy):
 
     def checkpoint_entries(self) -> dict[str, CheckpointEntry]:
         return {
-            "model": CheckpointEntry(rf"^{MODEL_ENTRY}(?:_(\d+))?$", lambda i: f"{MODEL_ENTRY}_{i}"),
-            "optimizer": CheckpointEntry(rf"^{OPTIMIZER_ENTRY}_(\d+)$", lambda i: f"{OPTIMIZER_ENTRY}_{i}"),
+            "model": CheckpointEntry(rf"^{MODEL_ENTRY}(?:_(\d+))?$", lambda i: f"{MODEL_ENTRY}_{i}", sharded=True),
+            "optimizer": CheckpointEntry(
+                rf"^{OPTIMIZER_ENTRY}_(\d+)$", lambda i: f"{OPTIMIZER_ENTRY}_{i}", sharded=True
+            ),
         }
 
     def checkpoint_weights(self, model: torch.nn.Module) -> dict[str, Any] | None:

@@ -33,6 +33,11 @@ from accel_train.strategies.base import (
     parameter_locations,
     rebind_optimizer_parameters,
 )
+from accel_train.strategies.pipeline.checkpoint import (
+    check_saved_groups,
+    stage_groups_for_checkpoint,
+    stage_groups_from_checkpoint,
+)
 from accel_train.strategies.pipeline.config import PipelineParallelConfig, PipelineSchedule
 from accel_train.strategies.pipeline.split import stage_bounds, stage_module
 
@@ -40,6 +45,11 @@ __all__ = ["PipelineStrategy", "PipelinedModel"]
 
 MODEL_ENTRY = "pytorch_model_pp"
 OPTIMIZER_ENTRY = "optimizer_pp"
+#: The pipeline's entries in a checkpoint folder: one DCP folder per model and per optimizer.
+CHECKPOINT_ENTRIES: dict[str, CheckpointEntry] = {
+    "model": CheckpointEntry(rf"^{MODEL_ENTRY}(?:_(\d+))?$", lambda i: f"{MODEL_ENTRY}_{i}", sharded=True),
+    "optimizer": CheckpointEntry(rf"^{OPTIMIZER_ENTRY}_(\d+)$", lambda i: f"{OPTIMIZER_ENTRY}_{i}", sharded=True),
+}
 
 
 class _ScaledLoss:
@@ -405,10 +415,7 @@ class PipelineStrategy(Strategy):
         return get_optimizer_state_dict(self._stage_of(optimizer), inner)
 
     def checkpoint_entries(self) -> dict[str, CheckpointEntry]:
-        return {
-            "model": CheckpointEntry(rf"^{MODEL_ENTRY}(?:_(\d+))?$", lambda i: f"{MODEL_ENTRY}_{i}"),
-            "optimizer": CheckpointEntry(rf"^{OPTIMIZER_ENTRY}_(\d+)$", lambda i: f"{OPTIMIZER_ENTRY}_{i}"),
-        }
+        return dict(CHECKPOINT_ENTRIES)
 
     def checkpoint_weights(self, model: torch.nn.Module) -> dict[str, Any] | None:
         return None  # every stage writes its part
@@ -416,40 +423,47 @@ class PipelineStrategy(Strategy):
     def save_model_checkpoint(
         self, model: torch.nn.Module, weights: Any, folder: str, index: int, safe_serialization: bool, is_writer: bool
     ) -> str:
-        """Each stage writes its parameters (under their names in the whole model) into one DCP folder."""
-        import torch.distributed.checkpoint as dcp
-
+        """Each stage writes its parameters (under their names in the whole model) into one DCP folder,
+        through the checkpoint I/O (collective)."""
         name = self.checkpoint_entries()["model"].name(index)
         stage = self.unwrap_model(model, keep_torch_compile=False)
-        dcp.save(stage.state_dict(), checkpoint_id=os.path.join(folder, name))
+        self.checkpoint_io.save_sharded(stage.state_dict(), os.path.join(folder, name))
         return name
 
     def load_model_checkpoint(
         self, model: torch.nn.Module, folder: str, entry: str, device: Any, strict: bool = True
     ) -> None:
-        import torch.distributed.checkpoint as dcp
-
+        """Read this stage's parameters from the DCP folder ``folder/entry`` with the checkpoint I/O's
+        allow-list reader (collective); the stage split may differ from the one that saved."""
         stage = self.unwrap_model(model, keep_torch_compile=False)
         state = stage.state_dict()
-        dcp.load(state, checkpoint_id=os.path.join(folder, entry))
+        self.checkpoint_io.load_sharded(state, os.path.join(folder, entry))
         stage.load_state_dict(state, strict=strict)
 
     def save_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, is_writer: bool) -> str:
-        import torch.distributed.checkpoint as dcp
+        """This stage's optimizer state into one DCP folder shared by the stages (collective).
 
+        The hyper-parameters of each parameter group are written without the group's parameter names
+        (`stage_groups_for_checkpoint()`): every stage holds the same groups with other parameters, and
+        DCP keeps one copy of an item that several processes write under one key.
+        """
         name = self.checkpoint_entries()["optimizer"].name(index)
-        dcp.save(self.optimizer_state_dict(optimizer), checkpoint_id=os.path.join(folder, name))
+        state = stage_groups_for_checkpoint(self.optimizer_state_dict(optimizer))
+        self.checkpoint_io.save_sharded(state, os.path.join(folder, name))
         return name
 
     def load_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, map_location: Any) -> None:
-        import torch.distributed.checkpoint as dcp
+        """Restore this stage's optimizer state and its groups' hyper-parameters (collective)."""
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
         inner = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
         stage = self._stage_of(optimizer)
-        state = self.optimizer_state_dict(optimizer)
-        dcp.load(state, checkpoint_id=os.path.join(folder, self.checkpoint_entries()["optimizer"].name(index)))
-        set_optimizer_state_dict(stage, inner, state)
+        path = os.path.join(folder, self.checkpoint_entries()["optimizer"].name(index))
+        current = self.optimizer_state_dict(optimizer)
+        metadata = self.checkpoint_io.sharded_metadata(path)
+        state = check_saved_groups(metadata, stage_groups_for_checkpoint(current), path)
+        self.checkpoint_io.load_sharded(state, path)
+        set_optimizer_state_dict(stage, inner, stage_groups_from_checkpoint(state, current))
 
 
 def _full(tensor: Any) -> Any:
