@@ -217,3 +217,52 @@ def test_pool_timeout_counts_idle_time_only(dist_pool: DistributedPool) -> None:
         dist_pool.run(idle_for, 120.0, timeout=3)
     assert time.monotonic() - start < 60
     assert [r["rank"] for r in dist_pool.run(process_control)] == [0, 1]  # restarted, usable again
+
+
+def works_kept_by_collectives() -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from accel_state import kept_works
+    from accel_state import operations as ops
+
+    state = _state()
+    rank = state.process_index
+    kept_works.pin_kept_works()  # start from an empty queue (earlier tests of this pool kept some)
+    ops.gather(torch.tensor([rank]))
+    after_gather = kept_works.kept_works()
+    objects = {"rank": rank, "nested": [b"\x00" * (rank + 1), {"text": "é" * rank}]}
+    ours: list[Any] = [None, None]
+    kept_works.all_gather_object(ours, objects)
+    theirs: list[Any] = [None, None]
+    dist.all_gather_object(theirs, objects)
+    for _ in range(3 * kept_works.KEPT_WORKS):
+        ops.reduce(torch.ones(1), "sum")
+    bounded = kept_works.kept_works()
+    kept_works.pin_kept_works()
+    after_pin = kept_works.kept_works()
+    mismatch = ""
+    try:
+        ops.broadcast_object_list([1, 2] if rank == 0 else [None])
+    except ValueError as error:
+        mismatch = str(error)
+    return {
+        "after_gather": after_gather,
+        "same_as_torch": ours == theirs,
+        "objects": ours,
+        "bounded": bounded,
+        "after_pin": after_pin,
+        "mismatch": mismatch,
+    }
+
+
+def test_collectives_keep_their_last_works_and_the_object_collectives_match_torch(dist_pool: DistributedPool) -> None:
+    # issue 37: a gloo thread that frees a finished work after the interpreter began to shut down aborts
+    # the process; accel's collectives keep their last works referenced so that never happens
+    r0, r1 = dist_pool.run(works_kept_by_collectives)
+    assert r0["after_gather"] == r1["after_gather"] == 1
+    assert r0["same_as_torch"] and r1["same_as_torch"]
+    assert r1["objects"][1] == {"rank": 1, "nested": [b"\x00\x00", {"text": "é"}]}
+    assert r0["bounded"] == r1["bounded"] == 8  # the queue's length, however many collectives ran
+    assert r0["after_pin"] == r1["after_pin"] == 0
+    assert r0["mismatch"] == ""
+    assert "process 0 sent 2 objects, this process's list has 1" in r1["mismatch"]

@@ -98,10 +98,10 @@ def pippy_forward(forward: Any, num_chunks: int, gather_output: bool, *args: Any
     else:
         forward()
     if gather_output and state.num_processes > 1:
-        import torch.distributed as dist
+        from accel_state import kept_works
 
         holder = [output.cpu() if isinstance(output, torch.Tensor) else output]
-        dist.broadcast_object_list(holder, src=state.num_processes - 1)
+        kept_works.broadcast_object_list(holder, src=state.num_processes - 1)
         output = send_to_device(holder[0], state.device)
     return output
 

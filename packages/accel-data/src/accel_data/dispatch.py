@@ -52,11 +52,12 @@ def _broadcast_tensors(data: Any) -> Any:
     """Broadcast every tensor of ``data`` from process 0, leaving other leaves as they are."""
     import torch.distributed as dist
 
+    from accel_state.kept_works import wait_and_keep
     from accel_state.nested import recursively_apply
 
     def _one(tensor: torch.Tensor) -> torch.Tensor:
         tensor = tensor.contiguous()
-        dist.broadcast(tensor, src=0)
+        wait_and_keep(dist.broadcast(tensor, src=0, async_op=True))
         return tensor
 
     return recursively_apply(_one, data)

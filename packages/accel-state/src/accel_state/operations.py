@@ -19,6 +19,8 @@ import torch.distributed as dist
 
 from accel_state import cluster
 from accel_state.hangs import watched_collective
+from accel_state.kept_works import all_gather_object, wait_and_keep
+from accel_state.kept_works import broadcast_object_list as _broadcast_objects
 from accel_state.nested import (  # noqa: F401  (re-exported: the documented home of these names)
     ConvertOutputsToFp32,
     DistributedOperationException,
@@ -103,7 +105,7 @@ def verify_operation(function: F) -> F:
         tensor = kwargs["tensor"] if "tensor" in kwargs else args[0]
         mine = (f"{function.__module__}.{name}", _shapes(tensor), _dtypes(tensor))
         everyone: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, mine)
+        all_gather_object(everyone, mine)
         if any(entry != everyone[0] for entry in everyone):
             operations = {entry[0] for entry in everyone}
             show_dtypes = any(entry[2] != everyone[0][2] for entry in everyone)
@@ -148,10 +150,10 @@ def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
     size = dist.get_world_size()
     if dist.get_backend() != "gloo":
         out = torch.empty((size * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-        dist.all_gather_into_tensor(out, tensor)
+        wait_and_keep(dist.all_gather_into_tensor(out, tensor, async_op=True))
         return out
     parts = [torch.empty_like(tensor) for _ in range(size)]
-    dist.all_gather(parts, tensor)
+    wait_and_keep(dist.all_gather(parts, tensor, async_op=True))
     return torch.cat(parts, dim=0)
 
 
@@ -178,7 +180,7 @@ def gather_object(object: Any) -> list[Any]:
     if world_size("gather_object") == 1:
         return object
     everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, object)
+    all_gather_object(everyone, object)
     if all(isinstance(item, (list, tuple)) for item in everyone):
         return [x for item in everyone for x in item]
     return everyone
@@ -186,7 +188,7 @@ def gather_object(object: Any) -> list[Any]:
 
 def _broadcast_one(tensor: torch.Tensor, src: int) -> torch.Tensor:
     tensor = tensor.contiguous()
-    dist.broadcast(tensor, src=src)
+    wait_and_keep(dist.broadcast(tensor, src=src, async_op=True))
     return tensor
 
 
@@ -215,7 +217,7 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     """
     if world_size("broadcast_object_list") == 1:
         return object_list
-    dist.broadcast_object_list(object_list, src=from_process)
+    _broadcast_objects(object_list, src=from_process)
     return object_list
 
 
@@ -241,7 +243,7 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     def _reduce_one(t: torch.Tensor) -> torch.Tensor:
         out = t.clone()
         if size > 1 and reduction != "none":
-            dist.all_reduce(out, op=getattr(dist.ReduceOp, _REDUCE_OPS[reduction]))
+            wait_and_keep(dist.all_reduce(out, op=getattr(dist.ReduceOp, _REDUCE_OPS[reduction]), async_op=True))
         if reduction == "mean":
             out = out / size
         return out * scale if scale != 1.0 else out
@@ -329,7 +331,7 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
     meta: list[Any] = [
         (tuple(tensor.shape), tensor.dtype, str(tensor.device)) if rank == 0 and tensor is not None else None
     ]
-    dist.broadcast_object_list(meta, src=0)
+    _broadcast_objects(meta, src=0)
     if meta[0] is None:
         raise ValueError("copy_tensor_to_devices needs a tensor on process 0")
     shape, dtype, device = meta[0]
@@ -339,7 +341,7 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
         target = PartialState().device if is_initialized() else torch.device(device)
         tensor = torch.empty(shape, dtype=dtype, device=target)
     assert tensor is not None
-    dist.broadcast(tensor, src=0)
+    wait_and_keep(dist.broadcast(tensor, src=0, async_op=True))
     return tensor
 
 
@@ -351,5 +353,5 @@ def gather_tensor_shape(tensor: torch.Tensor) -> list[int]:
     """
     meta: list[Any] = [list(tensor.shape) if tensor is not None else None]
     if world_size("gather_tensor_shape") > 1:
-        dist.broadcast_object_list(meta, src=0)
+        _broadcast_objects(meta, src=0)
     return meta[0]

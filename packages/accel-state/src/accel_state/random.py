@@ -87,7 +87,9 @@ def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torc
     state = _get_state(kind, generator)
     backend_device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     moved = state.to(backend_device)
-    dist.broadcast(moved, src=0)
+    from accel_state.kept_works import wait_and_keep
+
+    wait_and_keep(dist.broadcast(moved, src=0, async_op=True))
     _set_state(kind, moved.cpu(), generator)
 
 

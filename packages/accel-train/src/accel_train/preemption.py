@@ -71,8 +71,10 @@ def _agree(requested: bool, device: Any) -> bool:
     import torch
     import torch.distributed as dist
 
+    from accel_state.kept_works import wait_and_keep
+
     flag = torch.tensor([1 if requested else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    wait_and_keep(dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True))
     return bool(flag.item())
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from accel_state import kept_works
 from accel_train.strategies.base import (
     CheckpointEntry,
     ParallelDims,
@@ -300,13 +301,15 @@ class PipelineStrategy(Strategy):
         return int(dist.get_global_rank(self.pp_group, self.num_stages - 1))
 
     def _from_last_stage(self, tensor: torch.Tensor) -> torch.Tensor:
-        dist.broadcast(tensor, src=self._last_stage_rank(), group=self.pp_group)
+        kept_works.wait_and_keep(
+            dist.broadcast(tensor, src=self._last_stage_rank(), group=self.pp_group, async_op=True)
+        )
         return tensor
 
     def _broadcast_output(self, output: Any) -> Any:
         """The last stage's output (a tensor) given to every stage."""
         meta = [(tuple(output.shape), str(output.dtype).removeprefix("torch.")) if self.is_last_stage else None]
-        dist.broadcast_object_list(meta, src=self._last_stage_rank(), group=self.pp_group)
+        kept_works.broadcast_object_list(meta, src=self._last_stage_rank(), group=self.pp_group)
         shape, dtype = meta[0]  # type: ignore[misc]
         if not self.is_last_stage:
             output = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
@@ -324,7 +327,7 @@ class PipelineStrategy(Strategy):
             by_dtype.setdefault(grad.dtype, []).append(grad)
         for tensors in by_dtype.values():
             flat = _flatten_dense_tensors(tensors)
-            dist.all_reduce(flat, group=self.dp_group)
+            kept_works.wait_and_keep(dist.all_reduce(flat, group=self.dp_group, async_op=True))
             flat.div_(self.dp_size)
             for grad, synced in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
                 grad.copy_(synced)
@@ -358,11 +361,11 @@ class PipelineStrategy(Strategy):
             local = torch.zeros((), device=self.device)
         local = local.float()
         if math.isinf(norm_type):
-            dist.all_reduce(local, op=dist.ReduceOp.MAX, group=self.pp_group)
+            kept_works.wait_and_keep(dist.all_reduce(local, op=dist.ReduceOp.MAX, group=self.pp_group, async_op=True))
             total = local
         else:
             powered = local**norm_type
-            dist.all_reduce(powered, group=self.pp_group)
+            kept_works.wait_and_keep(dist.all_reduce(powered, group=self.pp_group, async_op=True))
             total = powered ** (1.0 / norm_type)
         coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         for grad in grads:
@@ -389,13 +392,13 @@ class PipelineStrategy(Strategy):
         for source in range(self.num_stages):
             meta = [[(k, tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in local.items()]]
             src = int(dist.get_global_rank(self.pp_group, source))
-            dist.broadcast_object_list(meta, src=src, group=self.pp_group)
+            kept_works.broadcast_object_list(meta, src=src, group=self.pp_group)
             for key, shape, dtype in meta[0]:
                 if source == self.stage_index:
                     tensor = local[key].contiguous()
                 else:
                     tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
-                dist.broadcast(tensor, src=src, group=self.pp_group)
+                kept_works.wait_and_keep(dist.broadcast(tensor, src=src, group=self.pp_group, async_op=True))
                 full[key] = tensor.cpu()
         return full
 
