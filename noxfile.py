@@ -254,6 +254,26 @@ def clients(session: nox.Session) -> None:
     _clients(session)
 
 
+# Ray and the trackers come before the short sessions: Ray spends minutes starting its cluster, and a long
+# session run last leaves the other lane with nothing to do.
+@nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
+def ray(session: nox.Session) -> None:
+    """An accel script under Ray Train's TorchTrainer (2 CPU workers, loopback only), as under accel launch."""
+    _install_local(session, *ORDER, extras={"accel": "test", "accel-launch": "ray"})
+    session.install(*_constraints(), "safetensors")
+    _pytest(session, "ray", str(ROOT / "integration_tests" / "test_cluster_ray.py"))
+
+
+TRACKER_EXTRAS = "tensorboard,wandb,comet_ml,aim,mlflow,clearml,dvclive,trackio,swanlab,test"
+
+
+@nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
+def trackers(session: nox.Session) -> None:
+    """accel-tracking with every tracking backend installed, each tested against its real library."""
+    _install_local(session, *_closure("accel-tracking"), extras={"accel-tracking": TRACKER_EXTRAS})
+    _pytest(session, "trackers", str(DISTS["accel-tracking"]["path"] / "tests"), "-m", "trackers")
+
+
 @nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
 def deps(session: nox.Session) -> None:
     """The dependency graph of DESIGN.md holds (imports, ranges, meta pins, CI command); the tools work."""
@@ -315,16 +335,6 @@ def clean_install(session: nox.Session, package: str) -> None:
     session.run("python", str(script), env={"OMP_NUM_THREADS": "1"})
 
 
-TRACKER_EXTRAS = "tensorboard,wandb,comet_ml,aim,mlflow,clearml,dvclive,trackio,swanlab,test"
-
-
-@nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
-def trackers(session: nox.Session) -> None:
-    """accel-tracking with every tracking backend installed, each tested against its real library."""
-    _install_local(session, *_closure("accel-tracking"), extras={"accel-tracking": TRACKER_EXTRAS})
-    _pytest(session, "trackers", str(DISTS["accel-tracking"]["path"] / "tests"), "-m", "trackers")
-
-
 def _integration(session: nox.Session) -> None:
     _install_local(session, *ORDER, extras={"accel": "test", "accel-train": "deepspeed"}, deepspeed=True)
     session.install(*_constraints(), "numpy", "safetensors", "tqdm", "psutil", "pytest-xdist")
@@ -336,14 +346,6 @@ def _integration(session: nox.Session) -> None:
 def integration(session: nox.Session) -> None:
     """End-to-end runs through the real ``accel launch``: multi-process, multi-machine, resume, offload."""
     _integration(session)
-
-
-@nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
-def ray(session: nox.Session) -> None:
-    """An accel script under Ray Train's TorchTrainer (2 CPU workers, loopback only), as under accel launch."""
-    _install_local(session, *ORDER, extras={"accel": "test", "accel-launch": "ray"})
-    session.install(*_constraints(), "safetensors")
-    _pytest(session, "ray", str(ROOT / "integration_tests" / "test_cluster_ray.py"))
 
 
 @nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
@@ -417,12 +419,12 @@ _CI_SESSIONS = [
     "end_to_end",
     "deepspeed_ops",
     "clients",
+    "ray",
+    "trackers",
     "deps",
     "lint",
     *[f"tests(package='{package}')" for package in ORDER],
     *[f"clean_install(package='{package}')" for package in ORDER],
-    "trackers",
-    "ray",
     "typecheck",
 ]
 

@@ -56,13 +56,24 @@ def _continues(figures: dict, processes: int, epoch: int, step: int) -> None:
         assert figures["resume"][str(rank)] == uninterrupted[resumed_from:], rank
 
 
-@pytest.mark.parametrize("name", sorted(REPLAY_CASES))
+def _opt_in_cases(cases: dict) -> list:
+    """The opt-in cases; the one-process ones run before a release (`nox -s slow`): the two-process case
+    of the same opt-in runs the same resume with a sharded loader besides."""
+    return [
+        pytest.param(name, marks=pytest.mark.release(covered_by=f"the two-process {name.split('-')[-3]} case"))
+        if name.startswith("one-process-")
+        else name
+        for name in sorted(cases)
+    ]
+
+
+@pytest.mark.parametrize("name", _opt_in_cases(REPLAY_CASES))
 def test_the_replay_opt_in_continues_the_uninterrupted_run(tmp_path: pathlib.Path, name: str) -> None:
     processes, epoch, step, options = REPLAY_CASES[name]
     _continues(run_case(tmp_path, processes, epoch, step, options), processes, epoch, step)
 
 
-@pytest.mark.parametrize("name", sorted(STATEFUL_CASES))
+@pytest.mark.parametrize("name", _opt_in_cases(STATEFUL_CASES))
 def test_the_stateful_opt_in_continues_the_uninterrupted_run(tmp_path: pathlib.Path, name: str) -> None:
     processes, epoch, step, options = STATEFUL_CASES[name]
     figures = run_case(tmp_path, processes, epoch, step, options)

@@ -314,7 +314,7 @@ def _check_records(metadata: Any, path: str) -> None:
     from torch.distributed.checkpoint.filesystem import _StorageInfo
 
     storage_meta = getattr(metadata, "storage_meta", None)
-    if isinstance(getattr(storage_meta, "checkpoint_id", None), str):
+    if storage_meta is not None and isinstance(getattr(storage_meta, "checkpoint_id", None), str):
         storage_meta.checkpoint_id = str(storage_meta.checkpoint_id)
     records = metadata.storage_data
     if records is None:
