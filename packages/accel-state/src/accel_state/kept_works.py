@@ -10,12 +10,13 @@ without an active exception``, SIGABRT, after the script printed its result, and
 the run as failed (issue 37; seen once in about fifty 2-process runs on a loaded machine; torch's own
 thread, as pytorch/pytorch#190489 shows without accel).
 
-accel's collectives therefore wait through `wait_and_keep()`, which keeps the last few works in a
-queue: the worker thread's reference is then never the last one, and the main thread frees each work
-when newer ones push it out. At exit (`pin_kept_works()`, registered with `atexit` on first use) the works
-still queued are kept for good: the process is ending, and a work that is never freed cannot be freed
-by the wrong thread. The object collectives take the same path on gloo (`all_gather_object()`,
-`broadcast_object_list()`), since torch's own drop their works inside torch.
+accel's collectives therefore wait through `wait_and_keep()`, which, when the default group is
+gloo's, keeps the last few works in a queue: the worker thread's reference is then never the last one,
+and the main thread frees each work when newer ones push it out. At exit (`pin_kept_works()`,
+registered with `atexit` on first use) the works still queued are kept for good: the process is
+ending, and a work that is never freed cannot be freed by the wrong thread. The object collectives
+take the same path on gloo (`all_gather_object()`, `broadcast_object_list()`), since torch's own drop
+their works inside torch.
 """
 
 from __future__ import annotations
@@ -51,10 +52,18 @@ def wait_and_keep(work: Any) -> None:
     if work is None:
         return
     work.wait()
+    if not _keeps_works():
+        return
     if not _EXIT_HOOK:
         atexit.register(pin_kept_works)  # whoever started the process group
         _EXIT_HOOK.append(True)
     _KEPT.append(work)
+
+
+def _keeps_works() -> bool:
+    """Whether the default group is gloo's alone: its works hold host memory and its threads free them.
+    Works of other backends (NCCL's hold device memory) are left to their backend, as before."""
+    return dist.is_initialized() and dist.get_backend() == "gloo"
 
 
 def kept_works() -> int:
