@@ -197,7 +197,7 @@ def swap_into_place(tmp: str, final_dir: str, owned: Callable[[str], bool]) -> N
 def _entry_patterns(entries: Mapping[str, Any] | None, sharded_only: bool = False) -> list[re.Pattern[str]]:
     """The compiled patterns of a strategy's checkpoint entries (`Strategy.checkpoint_entries()`); with
     ``sharded_only``, of those that are ``torch.distributed.checkpoint`` folders only."""
-    chosen = [e for e in (entries or {}).values() if getattr(e, "sharded", False) or not sharded_only]
+    chosen = [entry for entry in (entries or {}).values() if entry.sharded or not sharded_only]
     return [re.compile(entry.pattern) for entry in chosen]
 
 
@@ -375,8 +375,9 @@ def check_folder(
     `integrity`), the DCP folders of the layout (``pytorch_model_fsdp_{i}/``, ``optimizer_{i}/``:
     ``io_.sharded_checks``, metadata and every item) and a backend's own sub-folders (every ``.pt`` /
     ``.bin`` / ``.pkl`` / ``.pth`` in them at any depth, a DeepSpeed tag for example: the kind of a folder
-    comes from its name, so a ``.metadata`` planted there is refused instead of turning the checks off). With ``distributed`` and a folder that the processes read together (sharded or engine state),
-    each process checks its share and all raise the same error (`run_checks()`).
+    comes from its name, so a ``.metadata`` planted there is refused instead of turning the checks off).
+    With ``distributed`` and a folder that the processes read together (sharded or engine state), each
+    process checks its share and all raise the same error (`run_checks()`).
 
     Args:
         folder: the checkpoint folder.

@@ -46,17 +46,20 @@ def stray_metadata_error(path: str) -> UnsafeCheckpointError:
     )
 
 
+def _files(folder: str) -> list[str]:
+    """Every file under ``folder`` at any depth, relative to it, in a stable order."""
+    found: list[str] = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        found += [os.path.relpath(os.path.join(root, name), folder) for name in sorted(files)]
+    return found
+
+
 def torch_files(folder: str) -> list[str]:
     """Every ``.pt`` / ``.bin`` / ``.pkl`` / ``.pth`` file under ``folder`` at any depth, relative to it,
     sorted: the pickled files a backend may open beside a ``torch.distributed.checkpoint`` folder's own
     data files (Megatron-LM's ``common.pt``), each to be checked like any other."""
-    found: list[str] = []
-    for root, dirs, files in os.walk(folder):
-        dirs.sort()
-        found += [
-            os.path.relpath(os.path.join(root, n), folder) for n in sorted(files) if n.endswith(TORCH_FILE_SUFFIXES)
-        ]
-    return found
+    return [relative for relative in _files(folder) if relative.endswith(TORCH_FILE_SUFFIXES)]
 
 
 def engine_torch_files(folder: str) -> list[str]:
@@ -69,12 +72,8 @@ def engine_torch_files(folder: str) -> list[str]:
     Raises:
         UnsafeCheckpointError: the folder holds a DCP ``.metadata`` (named), which DeepSpeed never writes.
     """
-    found: list[str] = []
-    for root, dirs, files in os.walk(folder):
-        dirs.sort()
-        for name in sorted(files):
-            if _DCP_METADATA_RE.match(name):
-                raise stray_metadata_error(os.path.join(root, name))
-            if name.endswith(TORCH_FILE_SUFFIXES):
-                found.append(os.path.relpath(os.path.join(root, name), folder))
-    return found
+    relatives = _files(folder)
+    for relative in relatives:
+        if _DCP_METADATA_RE.match(os.path.basename(relative)):
+            raise stray_metadata_error(os.path.join(folder, relative))
+    return [relative for relative in relatives if relative.endswith(TORCH_FILE_SUFFIXES)]

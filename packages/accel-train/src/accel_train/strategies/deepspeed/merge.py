@@ -13,14 +13,9 @@ import os
 from typing import Any
 
 from accel_state.install_hints import install_hint
+from accel_train.checkpoint.layout import is_engine_folder
 
 __all__ = ["deepspeed_engine_dir", "read_deepspeed_weights"]
-
-
-def _is_engine_dir(path: str) -> bool:
-    from accel_train.checkpoint.layout import is_engine_folder
-
-    return is_engine_folder(path)
 
 
 def deepspeed_engine_dir(checkpoint_dir: str) -> str | None:
@@ -33,7 +28,7 @@ def deepspeed_engine_dir(checkpoint_dir: str) -> str | None:
     from accel_train.checkpointing import FILE_NAMES, model_file
 
     for candidate in (checkpoint_dir, os.path.join(checkpoint_dir, FILE_NAMES["engine"])):
-        if _is_engine_dir(candidate):
+        if is_engine_folder(candidate):
             return candidate
         if os.path.isfile(os.path.join(candidate, model_file(0, True))) and os.path.basename(
             os.path.normpath(candidate)
@@ -60,7 +55,7 @@ def read_deepspeed_weights(engine_dir: str) -> dict[str, Any]:
     checker = DeepSpeedCheckpointIO()
     for relative in engine_torch_files(engine_dir):  # refuses a DCP .metadata planted beside them
         checker.check_file(os.path.join(engine_dir, relative))
-    if not _is_engine_dir(engine_dir):
+    if not is_engine_folder(engine_dir):
         return checker.load_weights(os.path.join(engine_dir, model_file(0, True)), "cpu")
     try:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
