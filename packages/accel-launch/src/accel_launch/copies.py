@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from accel_launch.process_guard import parent_death_hook
+from accel_launch.process_guard import forward_signal, parent_death_hook
 
 #: Variables through which torchrun tells a process it belongs to a group: a copy must not see them.
 GROUP_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK")
@@ -45,15 +44,10 @@ def _stop(processes: Sequence[subprocess.Popen], grace_s: float) -> None:
 
 def _forward(processes: Sequence[subprocess.Popen]) -> dict[signal.Signals, Any]:
     """Pass SIGTERM (and SIGUSR1, as SIGTERM) on to every copy; the previous handlers."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-
-    def forward(signum: int, frame: Any) -> None:
-        for process in processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-
-    return {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    return {
+        signal.SIGTERM: forward_signal(signal.SIGTERM, processes),
+        signal.SIGUSR1: forward_signal(signal.SIGUSR1, processes, as_signal=signal.SIGTERM),
+    }
 
 
 def run_copies(

@@ -12,9 +12,10 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from accel_launch.plan import LaunchPlan
@@ -229,6 +230,29 @@ def workers_die_with_launcher(probe: ParentDeathPrefix | None = None) -> Iterato
         yield
     finally:
         subprocess_handler.Popen = base  # type: ignore[misc]
+
+
+def forward_signal(
+    sig: signal.Signals, processes: Sequence[subprocess.Popen], as_signal: signal.Signals | None = None
+) -> Any:
+    """Pass ``sig`` on to each of ``processes`` still running (as ``as_signal`` when given) instead of
+    dying and leaving them behind; the previous handler, or None outside the main thread (where Python
+    allows no handler).
+
+    Args:
+        sig: the signal the launcher receives.
+        processes: the launcher's children.
+        as_signal: the signal they get instead (SIGUSR1 reaches them as SIGTERM).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def forward(signum: int, frame: Any) -> None:
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(as_signal or signum)
+
+    return signal.signal(sig, forward)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from accel_launch.copies import run_copies
 from accel_launch.plan import LaunchPlan
 from accel_launch.process_guard import (
     ParentDeathPrefix,
+    forward_signal,
     parent_death_hook,
     reserve_loopback_port,
     store_served_on,
@@ -152,8 +152,8 @@ def run_simple(plan: LaunchPlan) -> int:
         process = subprocess.Popen(cmd, env=_child_env(plan), preexec_fn=parent_death_hook())
     except FileNotFoundError as error:
         raise LaunchError(f"cannot start {cmd[0]!r}: {error}") from None
-    previous = _forward_signal(signal.SIGTERM, process)
-    previous_usr1 = _forward_signal(signal.SIGUSR1, process, as_signal=signal.SIGTERM)
+    previous = forward_signal(signal.SIGTERM, [process])
+    previous_usr1 = forward_signal(signal.SIGUSR1, [process], as_signal=signal.SIGTERM)
     try:
         code = process.wait()
     except KeyboardInterrupt:
@@ -188,19 +188,6 @@ def run_independent(plan: LaunchPlan) -> int:
             file=sys.stderr,
         )
     return code
-
-
-def _forward_signal(sig: signal.Signals, process: subprocess.Popen, as_signal: signal.Signals | None = None) -> Any:
-    """Pass ``sig`` on to ``process`` (the launcher's child; as ``as_signal`` when given) instead of dying
-    and leaving it behind; the previous handler, or None outside the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def forward(signum: int, frame: Any) -> None:
-        if process.poll() is None:
-            process.send_signal(as_signal or signum)
-
-    return signal.signal(sig, forward)
 
 
 def requeue_if_asked(plan: LaunchPlan, code: int, environ: Mapping[str, str] | None = None) -> None:
