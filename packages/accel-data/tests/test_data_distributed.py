@@ -126,11 +126,15 @@ def test_sharded_loaders_on_two_processes(dist_pool: DistributedPool) -> None:
 
 def dispatch_cases() -> dict[str, Any]:
     from accel_data.data_loader import DataLoaderDispatcher, prepare_data_loader
+    from accel_state import kept_works
 
     results: dict[str, Any] = {}
     stream = prepare_data_loader(DataLoader(Stream(11), batch_size=2), put_on_device=True)
     assert isinstance(stream, DataLoaderDispatcher)
+    kept_works.pin_kept_works()  # an empty queue: what follows is the dispatcher's alone
     results["stream"] = [b.tolist() for b in stream]
+    # the batches' broadcasts are kept referenced, so no gloo thread frees them at exit (issue 37)
+    results["kept_by_dispatch"] = kept_works.kept_works()
     results["stream_len"] = len(stream)
     results["stream_metrics"] = _gather_for_metrics(stream)
     split = prepare_data_loader(DataLoader(Stream(7), batch_size=4), put_on_device=True, split_batches=True)
@@ -167,6 +171,7 @@ def test_dispatched_loaders_on_two_processes(dist_pool: DistributedPool) -> None
     r0, r1 = dist_pool.run(dispatch_cases)
     assert r0["stream"] == [[0, 1], [4, 5], [8, 9]] and r1["stream"] == [[2, 3], [6, 7], [10, 0]]
     assert r0["stream_len"] == 3
+    assert r0["kept_by_dispatch"] > 0 and r1["kept_by_dispatch"] > 0
     assert r0["stream_metrics"] == r1["stream_metrics"] == list(range(11))
     assert r0["split"] == [[0, 1], [4, 5]] and r1["split"] == [[2, 3], [6, 0]]
     assert r0["split_metrics"] == list(range(7))

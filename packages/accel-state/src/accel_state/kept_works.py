@@ -13,7 +13,7 @@ thread, as pytorch/pytorch#190489 shows without accel).
 accel's collectives therefore wait through `wait_and_keep()`, which, when the default group is
 gloo's, keeps the last few works in a queue: the worker thread's reference is then never the last one,
 and the main thread frees each work when newer ones push it out. At exit (`pin_kept_works()`,
-registered with `atexit` on first use) the works still queued are kept for good: the process is
+registered with `atexit` below) the works still queued are kept for good: the process is
 ending, and a work that is never freed cannot be freed by the wrong thread. The object collectives
 take the same path on gloo (`all_gather_object()`, `broadcast_object_list()`), since torch's own drop
 their works inside torch.
@@ -39,7 +39,6 @@ KEPT_WORKS = 8
 
 _KEPT: collections.deque[Any] = collections.deque(maxlen=KEPT_WORKS)
 _PINNED: list[Any] = []
-_EXIT_HOOK: list[bool] = []
 
 
 def wait_and_keep(work: Any) -> None:
@@ -52,12 +51,8 @@ def wait_and_keep(work: Any) -> None:
     if work is None:
         return
     work.wait()
-    if not _keeps_works():
-        return
-    if not _EXIT_HOOK:
-        atexit.register(pin_kept_works)  # whoever started the process group
-        _EXIT_HOOK.append(True)
-    _KEPT.append(work)
+    if _keeps_works():
+        _KEPT.append(work)
 
 
 def _keeps_works() -> bool:
@@ -151,3 +146,6 @@ def broadcast_object_list(object_list: list[Any], src: int = 0, group: Any = Non
                 f"{len(object_list)}; every process must pass a list of the same length"
             )
         object_list[:] = received
+
+
+atexit.register(pin_kept_works)  # whoever started the process group; a no-op when nothing was kept
