@@ -152,7 +152,7 @@ def test_sigkill_of_the_whole_launch_during_a_200mb_save(tmp_path: pathlib.Path)
         while not (project / "saving").exists() and time.monotonic() < deadline and launcher.poll() is None:
             time.sleep(0.2)
         assert (project / "saving").exists(), launcher.communicate(timeout=60)[0][-4000:]
-        partial = project / "checkpoints" / ".checkpoint_1.partial"
+        partial = next((project / "checkpoints").glob(".checkpoint_1.*.partial"))
         assert (partial / "model.safetensors").stat().st_size > 200_000_000  # the big file is in the partial folder
         pids = [launcher.pid, *(int((project / f"pid_{rank}").read_text()) for rank in (0, 1))]
         for pid in pids:  # the whole launch at once: agent and workers (they run in their own sessions)
@@ -166,7 +166,7 @@ def test_sigkill_of_the_whole_launch_during_a_200mb_save(tmp_path: pathlib.Path)
             os.kill(int((project / f"pid_{rank}").read_text()), signal.SIGKILL)
         except ProcessLookupError:
             pass
-    assert sorted(os.listdir(project / "checkpoints")) == [".checkpoint_1.partial", "checkpoint_0"]
+    assert sorted(os.listdir(project / "checkpoints")) == sorted([".checkpoint_1.lock", partial.name, "checkpoint_0"])
     second = run_command([*launch, "second"], timeout=600)
     text = second.stdout + second.stderr
     assert second.returncode == 0, text[-4000:]

@@ -252,8 +252,10 @@ def test_process_killed_during_save_leaves_previous_checkpoint(tmp_path) -> None
     )
     assert result.returncode == -9 and "first saved" in result.stdout and "not reached" not in result.stdout
     entries = sorted(os.listdir(project / "checkpoints"))
-    assert entries == [".checkpoint_1.partial", "checkpoint_0"]  # total_limit never removed the good one
-    assert "model.safetensors" in os.listdir(project / "checkpoints" / ".checkpoint_1.partial")
+    # the killed save's own partial folder, and its lock file (released by the kill, reused by the next save)
+    partial = next(e for e in entries if e.startswith(".checkpoint_1.") and e.endswith(".partial"))
+    assert entries == sorted([".checkpoint_1.lock", partial, "checkpoint_0"])  # total_limit never removed the good one
+    assert "model.safetensors" in os.listdir(project / "checkpoints" / partial)
 
     config = ProjectConfiguration(
         project_dir=str(project), automatic_checkpoint_naming=True, total_limit=1, continue_numbering_on_load=True
@@ -266,7 +268,7 @@ def test_process_killed_during_save_leaves_previous_checkpoint(tmp_path) -> None
     accelerator.load_state()  # picks checkpoint_0, not the partial one
     assert torch.equal(flat_params(model), expected)
     with pytest.raises(CheckpointMismatchError, match="incomplete checkpoint"):
-        accelerator.load_state(project / "checkpoints" / ".checkpoint_1.partial")
+        accelerator.load_state(project / "checkpoints" / partial)
     accelerator.save_state()  # numbering continues (opted in) and the partial folder is replaced
     assert sorted(os.listdir(project / "checkpoints")) == ["checkpoint_1"]
 

@@ -55,8 +55,8 @@ def rank_save_on_main_only(folder: str, accumulation: int) -> dict:
 def rank_save_on_every_process(folder: str) -> dict:
     accelerator, model, optimizer, loader = _prepared()
     _train(accelerator, model, optimizer, loader, 2)
-    accelerator.save_state(folder)
-    accelerator.save_state(folder)  # a second save into the same folder replaces the first one
+    for _ in range(5):  # each save replaces the one before, maybe while the other process still adds files to it
+        accelerator.save_state(folder)
     after_save = torch.rand(3)
     accelerator.wait_for_everyone()
     files = sorted(os.listdir(folder))

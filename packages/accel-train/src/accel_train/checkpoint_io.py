@@ -386,7 +386,7 @@ class CheckpointIO:
 
     def save_json(self, obj: Any, path: str) -> None:
         """A small JSON file (markers, manifests)."""
-        with open(path, "w", encoding="utf-8") as handle:
+        with writing(path), open(path, "w", encoding="utf-8") as handle:
             json.dump(obj, handle)
 
     def save_engine(self, engine: Any, folder: str, tag: str) -> None:
@@ -395,7 +395,22 @@ class CheckpointIO:
         Collective: every rank writes its partitions. DeepSpeed's own layout is kept, so its tools
         (``zero_to_fp32.py``) read it.
         """
-        engine.save_checkpoint(folder, tag=tag, client_state={}, save_latest=False)
+        own = engine.checkpoint_engine
+        engine.checkpoint_engine = _WritingCheckpointEngine(own)
+        copy_scripts = getattr(engine, "_copy_recovery_script", None)  # rank 0 copies zero_to_fp32.py in
+        if copy_scripts is not None:
+
+            def copy_scripts_writing(save_path: str) -> None:
+                with writing(save_path):
+                    copy_scripts(save_path)
+
+            engine._copy_recovery_script = copy_scripts_writing
+        try:
+            engine.save_checkpoint(folder, tag=tag, client_state={}, save_latest=False)
+        finally:
+            engine.checkpoint_engine = own
+            if copy_scripts is not None:
+                del engine._copy_recovery_script  # the class's own method again
 
     def load_engine(self, engine: Any, folder: str, tag: str, strict: bool = True) -> None:
         """Read ``folder/tag`` (written by `save_engine()`) into the engine, optimizer and scheduler included."""
@@ -520,8 +535,15 @@ def _partial_folder(path: str) -> str | None:
 @contextlib.contextmanager
 def writing(path: str) -> Iterator[None]:
     """Turn any failure while writing ``path`` into an ``OSError`` naming it and the OS reason (disk full,
-    permission denied, file too large), and remove the partial folder of the save it belongs to: the
-    previous checkpoint was never touched and nothing half-written stays behind."""
+    permission denied, file too large).
+
+    Inside a save of every process (`accel_train.checkpoint.outcome.collecting`) the failure is recorded
+    and the block ends quietly: the process goes on through the save's collectives, and the save raises
+    the same error on every rank once they have compared outcomes, removing its partial folder. Outside
+    one, it is raised at once and the partial folder of the save ``path`` lies in is removed: the previous
+    checkpoint was never touched and nothing half-written stays behind."""
+    from accel_train.checkpoint import outcome
+
     try:
         yield
     except (TypeError, KeyError, AttributeError, UnsafeCheckpointError):
@@ -530,10 +552,35 @@ def writing(path: str) -> Iterator[None]:
         if isinstance(error, (KeyboardInterrupt, SystemExit, GeneratorExit)):
             raise
         failure = write_error(path, error)
+        failure.__cause__ = error
+        failures = outcome.current()
+        if failures is not None:
+            failures.record(failure)
+            return
         partial = _partial_folder(path)
         if partial is not None:
             shutil.rmtree(partial, ignore_errors=True)
         raise failure from error
+
+
+class _WritingCheckpointEngine:
+    """DeepSpeed's checkpoint engine with each of its writes under `writing()`: during a save a failed
+    write is recorded rather than raised, so this rank still reaches DeepSpeed's closing barrier and no
+    rank is left waiting there; the save then raises it on every rank, naming the file and the reason."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def save(self, state_dict: Any, path: str) -> None:
+        with writing(path):
+            self._inner.save(state_dict, path)
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        with writing(path):
+            self._inner.makedirs(path, exist_ok=exist_ok)
 
 
 # -- errors while writing ---------------------------------------------------------------------------------------

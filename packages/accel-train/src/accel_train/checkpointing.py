@@ -1,6 +1,7 @@
 """``save_state`` / ``load_state``: the documented checkpoint layout, written atomically, read safely.
 
-A checkpoint is written into a hidden sibling folder ``.<name>.partial`` and renamed into place only
+A checkpoint is written into a hidden sibling folder ``.<name>.<token>.partial`` (one per save, written
+by one save at a time: `accel_train.checkpoint.folder_lock`) and renamed into place only
 once every process has finished its files, so a process killed during ``save_state`` leaves the
 previous checkpoint intact and nothing that ``load_state`` would pick. ``total_limit`` removes older
 checkpoints only after the new one is complete. Loading never unpickles objects (see
@@ -126,9 +127,30 @@ def custom_file(index: int) -> str:
     return f"{FILE_NAMES['custom']}_{index}.pkl"
 
 
-def partial_dir(final_dir: str) -> str:
+def partial_dir(final_dir: str, token: str | None = None) -> str:
+    """The hidden folder a save of ``final_dir`` writes into: ``.<name>.<token>.partial`` (one per save, so
+    two writers never share one), or ``.<name>.partial`` without a token."""
     parent, name = os.path.split(os.path.abspath(final_dir))
-    return os.path.join(parent, f".{name}.partial")
+    middle = f".{token}" if token else ""
+    return os.path.join(parent, f".{name}{middle}.partial")
+
+
+def new_save_token() -> str:
+    """A fresh name part for one save's partial folder."""
+    import secrets
+
+    return secrets.token_hex(4)
+
+
+def _stale_partials(final_dir: str) -> list[str]:
+    """Partial folders of earlier saves of ``final_dir`` that never finished (killed mid-save)."""
+    parent, name = os.path.split(os.path.abspath(final_dir))
+    pattern = re.compile(rf"^\.{re.escape(name)}(\.[0-9a-f]+)?\.partial$")
+    try:
+        entries = os.listdir(parent)
+    except FileNotFoundError:
+        return []
+    return [os.path.join(parent, entry) for entry in entries if pattern.match(entry)]
 
 
 def _old_dir(final_dir: str) -> str:
@@ -136,13 +158,19 @@ def _old_dir(final_dir: str) -> str:
     return os.path.join(parent, f".{name}.old")
 
 
-def begin(final_dir: str, is_writer: bool) -> str:
-    """Create the empty partial folder (writer only) and return its path."""
-    tmp = partial_dir(final_dir)
-    if is_writer:
-        if os.path.exists(tmp):
-            shutil.rmtree(tmp)
-        os.makedirs(tmp)
+def begin(final_dir: str, token: str) -> str:
+    """Create this save's empty partial folder and return its path; the writer calls it holding the
+    folder's lock (`accel_train.checkpoint.folder_lock`), so the partial folders of earlier saves of
+    the same folder are leftovers of killed saves, and are removed first.
+
+    Args:
+        final_dir: the checkpoint folder being saved.
+        token: this save's name part (`new_save_token()`).
+    """
+    for stale in _stale_partials(final_dir):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = partial_dir(final_dir, token)
+    os.makedirs(tmp)
     return tmp
 
 

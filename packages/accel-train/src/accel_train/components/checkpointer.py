@@ -17,7 +17,8 @@ import torch
 from accel_train._lazy_modules import checkpoint_io as io
 from accel_train._lazy_modules import checkpointing as ckpt
 from accel_train._lazy_modules import preemption
-from accel_train.checkpoint import numbering
+from accel_train.checkpoint import numbering, outcome
+from accel_train.checkpoint.folder_lock import FolderLock
 
 __all__ = ["Checkpointer", "RemovableHandle"]
 
@@ -28,6 +29,10 @@ _UNSHARDED_STRATEGIES = frozenset({"single_device", "ddp"})
 
 #: The manifest's note that the per-process files come from the processes that called ``save_state``.
 _CALLERS = "callers"
+
+#: What a writer saving alone tells the processes waiting for its folder (the store value of the save).
+_PUBLISHED = "published"
+_FAILED = "failed:"
 
 
 def _default_store() -> Any:
@@ -184,12 +189,84 @@ class Checkpointer:
         alone = self._saves_alone()
         if alone and not writer:
             return self._add_process_files(output_dir)
-        if writer:
-            os.makedirs(os.path.dirname(os.path.abspath(output_dir)), exist_ok=True)
-        tmp = ckpt.begin(output_dir, writer)
-        if not alone:
-            self.state.wait_for_everyone()
+        key = self._save_key(output_dir) if alone else None
+        lock = FolderLock(output_dir) if writer else None
+        tmp: str | None = None
+        published = False
+        try:
+            tmp = self._begin_save(output_dir, lock, key)
+            with outcome.collecting() as failures:
+                manifest = self._write_state(tmp, writer, alone, safe_serialization)
+            self._settle(failures.first, key)
+            failure: OSError | None = None
+            if writer:
+                try:
+                    self._strategy.checkpoint_io.write_manifest(tmp, manifest)
+                    ckpt.publish(tmp, output_dir, self._strategy.checkpoint_entries())
+                    published = True
+                except OSError as error:
+                    failure = error
+            self._settle(failure, key)
+        finally:
+            if lock is not None:
+                if tmp is not None and not published:
+                    ckpt.discard(tmp)
+                lock.release()
+        if key is not None:
+            _default_store().set(key, _PUBLISHED)
+        if config.automatic_checkpoint_naming:
+            if writer:
+                removed = ckpt.prune(self._checkpoints_base(), config.total_limit, keep=output_dir)
+                for path in removed:
+                    logger.info("removed old checkpoint %s (total_limit=%s)", path, config.total_limit)
+            config.iteration += 1
+        logger.info("saved state to %s", output_dir)
+        return output_dir
 
+    def _begin_save(self, output_dir: str, lock: FolderLock | None, key: str | None) -> str:
+        """Writer: take the folder's lock and create this save's partial folder; every process of the save
+        learns its path (or the writer's failure, raised everywhere). Returns the partial folder."""
+        failure: OSError | None = None
+        token = ""
+        if lock is not None:
+            try:
+                os.makedirs(os.path.dirname(os.path.abspath(output_dir)), exist_ok=True)
+                lock.acquire()
+                token = ckpt.new_save_token()
+                ckpt.begin(output_dir, token)
+            except OSError as error:
+                failure = error
+        if key is not None:  # the writer saves alone: nobody else takes part
+            self._settle(failure, key)
+            return ckpt.partial_dir(output_dir, token)
+        from accel_state.operations import gather_object, world_size
+
+        mine = [token, outcome.describe(failure)]
+        everyone = [mine] if world_size("save_state") == 1 else gather_object([mine])
+        error = outcome.combined_error([described for _, described in everyone], "save_state")
+        if error is not None:
+            raise error from failure
+        return ckpt.partial_dir(output_dir, everyone[self._writer_rank()][0])
+
+    def _writer_rank(self) -> int:
+        """The process that writes this process's shared files (the main one, or the node's local main)."""
+        if self.project_configuration.save_on_each_node:
+            return int(self.state.process_index - self.state.local_process_index)
+        return 0
+
+    def _settle(self, failure: OSError | None, key: str | None) -> None:
+        """End of a step of the save: every process raises the same error if any failed (a collective), or,
+        when the writer saves alone, it tells the processes waiting for the folder that it failed."""
+        if key is None:
+            outcome.agree(failure, "save_state")
+        elif failure is not None:
+            described = outcome.describe(failure) or ""
+            _default_store().set(key, _FAILED + described)
+            error = outcome.combined_error([described], "save_state")
+            raise (error or failure) from failure
+
+    def _write_state(self, tmp: str, writer: bool, alone: bool, safe_serialization: bool) -> dict[str, Any]:
+        """Write every object into the partial folder ``tmp`` (every process its part); returns the manifest."""
         models = list(self._models)
         strategy = self._strategy
         # Every rank takes part: a sharded strategy gathers or writes its shards here (weights None).
@@ -234,27 +311,10 @@ class Checkpointer:
         )
         if writer:
             manifest.update(written)
-        io_ = strategy.checkpoint_io
         grads = self._accumulated_gradients()
         if grads:
-            io_.save_weights(grads, os.path.join(tmp, ckpt.grads_file(self.state.process_index)))
-        if not alone:
-            self.state.wait_for_everyone()
-        if writer:
-            io_.write_manifest(tmp, manifest)
-            ckpt.publish(tmp, output_dir, strategy.checkpoint_entries())
-        if alone:
-            self._announce_saved(output_dir)
-        else:
-            self.state.wait_for_everyone()
-        if config.automatic_checkpoint_naming:
-            if writer:
-                removed = ckpt.prune(self._checkpoints_base(), config.total_limit, keep=output_dir)
-                for path in removed:
-                    logger.info("removed old checkpoint %s (total_limit=%s)", path, config.total_limit)
-            config.iteration += 1
-        logger.info("saved state to %s", output_dir)
-        return output_dir
+            strategy.checkpoint_io.save_weights(grads, os.path.join(tmp, ckpt.grads_file(self.state.process_index)))
+        return manifest
 
     # -- saving without the other processes (unsharded strategies, explicit folder) ---------------
 
@@ -288,29 +348,36 @@ class Checkpointer:
         )
         return f"accel/save_state/{writer}/{path}#{counts[path]}"
 
-    def _announce_saved(self, output_dir: str) -> None:
-        """Writer: tell the processes that called ``save_state`` too that the folder is in place."""
-        _default_store().set(self._save_key(output_dir), "published")
-
     def _add_process_files(self, output_dir: str) -> str:
         """A process other than the writer: once the writer has published ``output_dir``, run the pre-hooks
-        (on the published folder) and add this process's random states and accumulated gradients."""
-        _default_store().wait([self._save_key(output_dir)])
+        (on the published folder) and add this process's random states and accumulated gradients.
+
+        It holds the folder's lock while it writes, so a next save of the writer cannot swap the folder
+        away under it; a save the writer could not finish raises the writer's error here too."""
+        store = _default_store()
+        key = self._save_key(output_dir)
+        store.wait([key])
+        answer = store.get(key).decode()
+        if answer.startswith(_FAILED):
+            error = outcome.combined_error([answer[len(_FAILED) :]], "save_state")  # the writer's own error
+            if error is not None:
+                raise error
         os.makedirs(output_dir, exist_ok=True)  # another machine's folder without a shared file system
         models = list(self._models)
         weights = [self._strategy.checkpoint_weights(model) for model in models]
-        for hook in list(self._save_model_state_pre_hook.values()):
-            hook(models, weights, output_dir)
-        io_ = self._strategy.checkpoint_io
-        rank = self.state.process_index
-        rng_path = os.path.join(output_dir, ckpt.rng_file(rank))
-        io_.save_rng(f"{rng_path}.partial")
-        os.replace(f"{rng_path}.partial", rng_path)
-        grads = self._accumulated_gradients()
-        if grads:
-            grads_path = os.path.join(output_dir, ckpt.grads_file(rank))
-            io_.save_weights(grads, f"{grads_path}.partial")
-            os.replace(f"{grads_path}.partial", grads_path)
+        with FolderLock(output_dir):
+            for hook in list(self._save_model_state_pre_hook.values()):
+                hook(models, weights, output_dir)
+            io_ = self._strategy.checkpoint_io
+            rank = self.state.process_index
+            rng_path = os.path.join(output_dir, ckpt.rng_file(rank))
+            io_.save_rng(f"{rng_path}.partial")
+            os.replace(f"{rng_path}.partial", rng_path)
+            grads = self._accumulated_gradients()
+            if grads:
+                grads_path = os.path.join(output_dir, ckpt.grads_file(rank))
+                io_.save_weights(grads, f"{grads_path}.partial")
+                os.replace(f"{grads_path}.partial", grads_path)
         logger.info("added the files of process %d to %s", rank, output_dir)
         return output_dir
 

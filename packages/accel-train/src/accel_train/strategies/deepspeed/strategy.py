@@ -30,6 +30,7 @@ import torch
 
 from accel_state.enums import PrecisionType
 from accel_train import checkpointing as ckpt
+from accel_train.checkpoint_io import writing
 from accel_train.precisions.base import Precision
 from accel_train.precisions.fp8 import EngineFP8Precision
 from accel_train.strategies.base import CheckpointEntry, Prepared, Strategy
@@ -452,7 +453,8 @@ class DeepSpeedStrategy(Strategy):
             # DeepSpeed writes nothing for a ZeRO-3 engine without optimizer: gather and write the weights.
             weights = gather_zero3_state_dict(engine.module)
             if is_writer:
-                os.makedirs(os.path.join(folder, tag), exist_ok=True)
+                with writing(os.path.join(folder, tag)):
+                    os.makedirs(os.path.join(folder, tag), exist_ok=True)
                 self.checkpoint_io.save_weights(weights, os.path.join(folder, tag, _FROZEN_WEIGHTS), True)
             return tag
         self.checkpoint_io.save_engine(engine, folder, tag)

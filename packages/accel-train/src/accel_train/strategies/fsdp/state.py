@@ -212,7 +212,10 @@ def save_sharded_model(model: torch.nn.Module, checkpoint_dir: str, local: bool 
     """
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    os.makedirs(checkpoint_dir, exist_ok=True)
+    from accel_train.checkpoint_io import writing
+
+    with writing(checkpoint_dir):
+        os.makedirs(checkpoint_dir, exist_ok=True)
     if local and _is_fsdp1(model):
         _save_local(model, checkpoint_dir)
         return
@@ -298,10 +301,13 @@ def _local_tensor(value: Any) -> Any:
 def _save_local(model: torch.nn.Module, checkpoint_dir: str) -> None:
     from safetensors.torch import save_file
 
+    from accel_train.checkpoint_io import writing
+
     with _local_state_dict(model, True):
         state = {k: _local_tensor(v).detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
     path = os.path.join(checkpoint_dir, f"rank{_rank()}.safetensors")
-    save_file(state, path, metadata={"format": "pt", "world_size": str(_world())})
+    with writing(path):
+        save_file(state, path, metadata={"format": "pt", "world_size": str(_world())})
 
 
 def _load_local(model: torch.nn.Module, checkpoint_dir: str) -> None:
