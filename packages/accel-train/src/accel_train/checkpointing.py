@@ -451,6 +451,37 @@ def check_folder(
     run_checks(plan, distributed=shared)
 
 
+def check_model_shapes(folder: str, models: Sequence[Any], model_entries: Sequence[str], strategy: Any) -> None:
+    """Compare the shape of every tensor in each model's ``.safetensors`` file (its header only) with the
+    model's own before any model is loaded: ``load_state_dict`` copies the tensors that fit and raises on a
+    size mismatch only afterwards, which would leave a model half loaded. Applies where the strategy loads a
+    whole file into the unwrapped model (the default reader); other strategies check their own shards.
+
+    Raises:
+        CheckpointMismatchError: a tensor's shape differs (file, tensor and both shapes named).
+    """
+    from accel_bigmodel.tensor_io import read_safetensors_header
+    from accel_train.strategies.base import Strategy
+
+    if type(strategy).load_model_checkpoint is not Strategy.load_model_checkpoint:
+        return
+    for model, entry in zip(models, model_entries):
+        path = os.path.join(folder, entry)
+        if not entry.endswith(".safetensors") or not os.path.isfile(path):
+            continue
+        locations, _ = read_safetensors_header(path)
+        own = strategy.unwrap_model(model, keep_torch_compile=False).state_dict()
+        for name, location in locations.items():
+            key = name[len("module.") :] if name.startswith("module.") and name not in own else name
+            tensor = own.get(key)
+            if isinstance(tensor, torch.Tensor) and tuple(tensor.shape) != tuple(location.shape):
+                raise CheckpointMismatchError(
+                    f"checkpoint {folder} does not match what this Accelerator prepared: {entry} holds {name!r} of "
+                    f"shape {tuple(location.shape)}, the model's is {tuple(tensor.shape)}; nothing was loaded. "
+                    "Prepare the same model as when it was saved."
+                )
+
+
 def to_device(obj: Any, device: Any) -> Any:
     from accel_state.nested import send_to_device
 
@@ -569,6 +600,7 @@ def read_objects(
     grouped = distributed and dist.is_available() and dist.is_initialized()
     ranks = range(dist.get_world_size()) if grouped else [process_index]  # whose own files the run reads
     check_folder(folder, io_, distributed=distributed, ranks=ranks, entries=strategy.checkpoint_entries())
+    check_model_shapes(folder, objects.models, model_entries, strategy)
     for model, entry in zip(objects.models, model_entries):
         strategy.load_model_checkpoint(model, folder, entry, device, strict=strict)
     for index, optimizer in enumerate(objects.optimizers):
