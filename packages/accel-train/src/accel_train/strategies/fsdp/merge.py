@@ -9,6 +9,8 @@ import re
 import shutil
 from typing import Any
 
+import torch
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["merge_fsdp_weights"]
@@ -72,6 +74,8 @@ def merge_fsdp_weights(
             )
     if os.path.isfile(output_path):
         raise ValueError(f"output_path {output_path} is a file; give a folder to write the merged weights into")
+    if remove_checkpoint_dir:
+        _check_output_survives(checkpoint_dir, output_path)
     writer = _is_main_process()
     from accel_train.checkpointing import model_file
 
@@ -88,12 +92,34 @@ def merge_fsdp_weights(
             state_dict = CheckpointIO().load_sharded_whole(checkpoint_dir)
         if set(state_dict) == {"model"} and isinstance(state_dict["model"], dict):
             state_dict = state_dict["model"]
+        if not any(isinstance(value, torch.Tensor) for value in state_dict.values()):
+            raise ValueError(
+                f"{checkpoint_dir} holds no tensor to merge (its metadata names none): an empty or planted "
+                "checkpoint; nothing was written"
+            )
         target = _write_atomically(state_dict, output_path, name, safe_serialization, max_shard_size)
         logger.info("merged %d tensors from %s into %s", len(state_dict), checkpoint_dir, target)
         if remove_checkpoint_dir:
             shutil.rmtree(checkpoint_dir)
     _barrier()
     return target
+
+
+def _check_output_survives(removed: str, output_path: str) -> None:
+    """Refuse, before anything is read or written, an ``output_path`` that lies in the folder
+    ``remove_checkpoint_dir`` deletes: the merged weights would be reported written and then deleted with it.
+
+    Raises:
+        ValueError: ``output_path`` is ``removed`` or a folder inside it (both named).
+    """
+    folder = os.path.realpath(removed)
+    target = os.path.realpath(output_path)
+    if target == folder or target.startswith(folder.rstrip(os.sep) + os.sep):
+        raise ValueError(
+            f"output_path {output_path} lies inside the checkpoint folder {removed}, which remove_checkpoint_dir "
+            "deletes once merged (the merged weights with it); write them outside that folder, or keep the "
+            "checkpoint folder"
+        )
 
 
 _MERGE_OUTPUT_RE = re.compile(
