@@ -130,3 +130,57 @@ def test_fitting_checkpoint_still_loads(saved) -> None:
     saved_weight = safe_open(os.path.join(folder, "model.safetensors"), framework="pt").get_tensor("0.weight")
     accelerator.load_state(folder)
     assert torch.equal(model.state_dict()["0.weight"], saved_weight)
+
+
+# -- symbolic links: every file a load reads resolves inside the checkpoint ------------------------------
+
+
+def _link_out(path: str, outside: str) -> None:
+    """Move ``path`` to ``outside`` and leave a symbolic link to it in its place."""
+    os.makedirs(os.path.dirname(outside), exist_ok=True)
+    os.replace(path, outside)
+    os.symlink(outside, path)
+
+
+@pytest.mark.parametrize("name", ["optimizer.bin", "model.safetensors", "random_states_0.safetensors"])
+def test_file_linked_outside_the_checkpoint_is_refused(saved, tmp_path, name: str) -> None:
+    from accel_state.errors import UnsafeCheckpointError
+
+    accelerator, model, optimizer, folder = saved
+    path = os.path.join(folder, name)
+    outside = str(tmp_path / "elsewhere" / name)
+    _link_out(path, outside)
+    before = _everything(model, optimizer)
+    with pytest.raises(UnsafeCheckpointError) as info:
+        accelerator.load_state(folder)
+    assert info.value.path == path and f"{path!r} -> {outside!r}" in info.value.found
+    _assert_same(before, _everything(model, optimizer))
+
+
+def test_sharded_folder_linked_outside_the_checkpoint_is_refused(saved, tmp_path) -> None:
+    """A read sub-folder (here a DCP folder of the layout) that is itself a link out of the checkpoint."""
+    import torch.distributed.checkpoint as dcp
+
+    from accel_state.errors import UnsafeCheckpointError
+    from accel_train.checkpoint_io import CheckpointIO
+    from accel_train.checkpointing import check_folder
+
+    _, _, _, folder = saved
+    outside = str(tmp_path / "elsewhere" / "pytorch_model_fsdp_0")
+    dcp.save({"model": {"w": torch.ones(2)}}, checkpoint_id=outside, no_dist=True)
+    link = os.path.join(folder, "pytorch_model_fsdp_0")
+    os.symlink(outside, link)
+    with pytest.raises(UnsafeCheckpointError) as info:
+        check_folder(folder, CheckpointIO())
+    assert info.value.path == link and outside in info.value.found
+
+
+def test_file_linked_inside_the_checkpoint_loads(saved) -> None:
+    accelerator, model, optimizer, folder = saved
+    os.makedirs(os.path.join(folder, "kept"))
+    os.replace(os.path.join(folder, "optimizer.bin"), os.path.join(folder, "kept", "optimizer.bin"))
+    os.symlink(os.path.join("kept", "optimizer.bin"), os.path.join(folder, "optimizer.bin"))  # a relative link
+    saved_weight = safe_open(os.path.join(folder, "model.safetensors"), framework="pt").get_tensor("0.weight")
+    accelerator.load_state(folder)
+    assert torch.equal(model.state_dict()["0.weight"], saved_weight)
+    assert optimizer.optimizer.state  # the optimizer state came back through the link

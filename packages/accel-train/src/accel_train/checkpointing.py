@@ -390,11 +390,16 @@ def check_folder(
             that strategy, so it is checked like the documented ones (a pipeline's ``pytorch_model_pp_0/``,
             Megatron-LM's ``megatron_model_0/``).
 
+    Every file checked, and everything under a sub-folder that is read, must resolve inside ``folder``
+    (symbolic links followed; a folder in the Hugging Face hub cache may link into its ``blobs/``).
+
     Raises:
-        UnsafeCheckpointError: a file would run code when unpickled (named, with what it asks for), or a
-            DCP ``.metadata`` lies in a DeepSpeed engine folder (named).
+        UnsafeCheckpointError: a file would run code when unpickled (named, with what it asks for), a
+            DCP ``.metadata`` lies in a DeepSpeed engine folder (named), or a symbolic link resolves outside
+            the checkpoint (the link and its target named).
         CorruptCheckpointError: a file is damaged (named, with what was expected and found).
     """
+    from accel_bigmodel.confine import allowed_root, check_confined
     from accel_train.checkpoint.integrity import check_rng_file, check_weights_file
     from accel_train.checkpoint.layout import DCP_FOLDER_RE, engine_torch_files, torch_files
     from accel_train.checkpoint_safety import run_checks
@@ -409,9 +414,20 @@ def check_folder(
 
     shared = distributed and any(read_folder(e) for e in names)
 
+    root = allowed_root(folder)
+
     def file_check(relative: str, check: Callable[[str], Any] | None = None) -> tuple[str, Callable[[], None]]:
         path = os.path.join(folder, relative)
+        check_confined(path, folder, root=root)  # a link out of the checkpoint is refused, by name
         return f"{relative}:{os.path.getsize(path)}", functools.partial(check or io_.check_file, path)
+
+    def confine_tree(entry: str) -> None:
+        """Refuse a link anywhere in the sub-folder ``entry`` (itself included) that resolves outside."""
+        top = os.path.join(folder, entry)
+        check_confined(top, folder, root=root)
+        for current, dirs, files in os.walk(top):
+            for name in sorted(dirs) + sorted(files):
+                check_confined(os.path.join(current, name), folder, root=root)
 
     def plan() -> list[tuple[str, Callable[[], None]]]:
         checks: list[tuple[str, Callable[[], None]]] = []
@@ -426,6 +442,7 @@ def check_folder(
             if os.path.isdir(path):
                 if not read_folder(entry):
                     continue  # a folder of the user's, moved along with the checkpoint: never read
+                confine_tree(entry)
                 if _matches(entry, sharded_patterns) and os.path.isfile(os.path.join(path, ".metadata")):
                     sharded(entry)  # torch's reader opens the files its .metadata names
                     # and a backend may open pickled files beside it (Megatron-LM's common.pt): those too

@@ -45,6 +45,9 @@ def merge_fsdp_weights(
     Raises:
         FileNotFoundError: ``checkpoint_dir`` does not exist.
         UnsafeCheckpointError: a file would run code, or a DeepSpeed folder holds a DCP ``.metadata`` (named).
+        CorruptCheckpointError: the ``.metadata`` declares a tensor its data files cannot hold (named).
+        ValueError: with ``remove_checkpoint_dir``, ``output_path`` lies in the folder it deletes; or the
+            folder holds no tensor.
     """
     checkpoint_dir = os.fspath(checkpoint_dir)
     output_path = os.fspath(output_path)
