@@ -132,3 +132,22 @@ def test_chunk_outside_its_tensor_is_refused(tmp_path, capsys) -> None:
     _declare(folder, "model.w", 4, 5)
     assert merge_command.main([folder, str(tmp_path / "out")]) == 2
     assert "chunks of tensor 'model.w' inside its size (4,)" in capsys.readouterr().err
+
+
+def test_data_file_linked_outside_the_folder_is_refused(tmp_path, capsys) -> None:
+    from accel_state.errors import UnsafeCheckpointError
+    from accel_train.strategies.fsdp.merge import merge_fsdp_weights
+
+    folder = tmp_path / "pytorch_model_fsdp_0"
+    _dcp_folder(str(folder))
+    data = next(folder.glob("*.distcp"))
+    outside = tmp_path / "elsewhere" / data.name
+    outside.parent.mkdir()
+    data.rename(outside)
+    data.symlink_to(outside)
+    with pytest.raises(UnsafeCheckpointError) as info:
+        merge_fsdp_weights(str(folder), str(tmp_path / "out"))
+    assert info.value.path == str(data) and str(outside) in info.value.found
+    assert merge_command.main([str(folder), str(tmp_path / "out")]) == 2
+    assert "outside the folder" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

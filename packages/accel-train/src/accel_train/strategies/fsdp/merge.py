@@ -79,6 +79,7 @@ def merge_fsdp_weights(
         raise ValueError(f"output_path {output_path} is a file; give a folder to write the merged weights into")
     if remove_checkpoint_dir:
         _check_output_survives(checkpoint_dir, output_path)
+    _check_no_link_out(checkpoint_dir)
     writer = _is_main_process()
     from accel_train.checkpointing import model_file
 
@@ -106,6 +107,17 @@ def merge_fsdp_weights(
             shutil.rmtree(checkpoint_dir)
     _barrier()
     return target
+
+
+def _check_no_link_out(folder: str) -> None:
+    """Refuse a symbolic link anywhere under the folder to merge that resolves outside it (named, with its
+    target), before anything is read: the backends' readers would follow it."""
+    from accel_bigmodel.confine import allowed_root, check_confined
+
+    root = allowed_root(folder)
+    for current, dirs, files in os.walk(folder):
+        for name in sorted(dirs) + sorted(files):
+            check_confined(os.path.join(current, name), folder, root=root)
 
 
 def _check_output_survives(removed: str, output_path: str) -> None:
