@@ -209,3 +209,26 @@ def test_bin_shards_of_one_save_load(tmp_path: Path) -> None:
     model = net(0)
     load_checkpoint_in_model(model, folder)
     assert _same(model, net(5).state_dict())
+
+
+def test_folder_given_through_a_link_loads(tmp_path: Path) -> None:
+    """The folder itself may be a link (a checkpoint kept on another disk): its files resolve inside its target."""
+    real = tmp_path / "disk" / "ckpt"
+    _sharded(real, seed=6)
+    (tmp_path / "ckpt").symlink_to(real)
+    model = net(0)
+    load_checkpoint_in_model(model, tmp_path / "ckpt")
+    assert _same(model, net(6).state_dict())
+
+
+def test_allowed_root_widens_only_for_a_hub_cache_snapshot(tmp_path: Path) -> None:
+    from accel_bigmodel.confine import allowed_root
+
+    repo = tmp_path / "models--org--tiny"
+    snapshot = repo / "snapshots" / "rev"
+    (snapshot / "sub").mkdir(parents=True)
+    assert allowed_root(str(snapshot)) == str(snapshot.resolve())  # no blobs/ beside snapshots/: not a cache
+    (repo / "blobs").mkdir()
+    assert allowed_root(str(snapshot)) == str(repo.resolve())
+    assert allowed_root(str(snapshot / "sub")) == str(repo.resolve())
+    assert allowed_root(str(repo / "blobs")) == str((repo / "blobs").resolve())
