@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
-from accel_bigmodel.integrity import damaged_torch_file
-from accel_bigmodel.sharding import FILE_SIZES_KEY, SAVE_ID_KEY
+from accel_bigmodel.confine import allowed_root, check_confined
+from accel_bigmodel.integrity import damaged_torch_file, torch_file_id
+from accel_bigmodel.sharding import FILE_IDS_KEY, FILE_SIZES_KEY, SAVE_ID_KEY
 from accel_bigmodel.tensor_io import CheckpointError, TensorLocation, check_safetensors_file, read_safetensors_header
 from accel_state.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 from accel_state.errors import CorruptCheckpointError, UnsafeCheckpointError
@@ -48,10 +49,17 @@ def _inside(folder_file: str, name: str, entry: str) -> str:
     return os.path.join(os.path.dirname(folder_file), name)
 
 
+def _confined(file: str, folder: str) -> str:
+    """``file`` of the checkpoint folder ``folder``, refused when it is a link out of it (`check_confined()`)."""
+    check_confined(file, folder)
+    return file
+
+
 def _check_recorded(path: str, metadata: dict[str, Any], files: list[str]) -> None:
     """Refuse files that are not the ones the index was written with (sizes and save id it recorded)."""
     sizes = metadata.get(FILE_SIZES_KEY)
     save_id = metadata.get(SAVE_ID_KEY)
+    file_ids = metadata.get(FILE_IDS_KEY)
     folder = os.path.dirname(path)
     for file in files:
         name = os.path.relpath(file, folder)
@@ -69,6 +77,16 @@ def _check_recorded(path: str, metadata: dict[str, Any], files: list[str]) -> No
                     f"Checkpoint file {file!r} has {actual} bytes but the index {path!r} records {sizes[name]}: "
                     "the folder mixes two saves or the file was changed; save the checkpoint again."
                 )
+        recorded = file_ids.get(name) if isinstance(file_ids, dict) else None
+        if isinstance(recorded, str) and not is_safetensors(file) and torch_file_id(file) != recorded:
+            damage = _damage(file)
+            if damage is not None:
+                raise damage
+            raise CheckpointError(
+                f"Checkpoint file {file!r} was not written by the save that wrote the index {path!r} "
+                "(its records differ from those the index recorded): the folder mixes two saves; save the "
+                "checkpoint again."
+            )
         if isinstance(save_id, str) and is_safetensors(file):
             with open(file, "rb") as f:
                 (length,) = struct.unpack("<Q", f.read(8) or b"\0" * 8)
@@ -109,6 +127,10 @@ def _read_index(path: str) -> CheckpointFiles:
     missing = [f for f in files if not os.path.isfile(f)]
     if missing:
         raise CheckpointError(f"Index file {path!r} lists shard files that do not exist: {missing}.")
+    folder = os.path.dirname(path) or "."
+    root = allowed_root(folder)
+    for file in files:  # a shard may be a link: it must resolve inside the folder (or the hub cache's blobs)
+        check_confined(file, folder, refused=path, root=root)
     metadata = (index.get("metadata") or {}) if "weight_map" in index else {}
     if isinstance(metadata, dict):
         _check_recorded(path, metadata, files)
@@ -127,17 +149,17 @@ def resolve_checkpoint(checkpoint: str | os.PathLike[str]) -> CheckpointFiles:
         raise FileNotFoundError(f"Checkpoint {path!r} is neither a file nor a folder.")
     for index_name in (SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME):
         if os.path.isfile(os.path.join(path, index_name)):
-            return _read_index(os.path.join(path, index_name))
+            return _read_index(_confined(os.path.join(path, index_name), path))
     for name in (SAFE_WEIGHTS_NAME, WEIGHTS_NAME):
         if os.path.isfile(os.path.join(path, name)):
-            return CheckpointFiles([os.path.join(path, name)])
+            return CheckpointFiles([_confined(os.path.join(path, name), path)])
     entries = sorted(os.listdir(path))
     indexes = [e for e in entries if e.endswith(".index.json")] or [e for e in entries if e == "index.json"]
     if len(indexes) == 1:
-        return _read_index(os.path.join(path, indexes[0]))
+        return _read_index(_confined(os.path.join(path, indexes[0]), path))
     weights = [e for e in entries if e.endswith(_WEIGHT_SUFFIXES)]
     if len(weights) == 1:
-        return CheckpointFiles([os.path.join(path, weights[0])])
+        return CheckpointFiles([_confined(os.path.join(path, weights[0]), path)])
     raise ValueError(
         f"Folder {path!r} is not a checkpoint: expected {SAFE_WEIGHTS_NAME}, {WEIGHTS_NAME}, one '*.index.json' "
         f"file, or a single weights file; it holds {entries[:20]}."

@@ -27,7 +27,13 @@ from typing import Any, BinaryIO
 
 from accel_state.errors import CorruptCheckpointError
 
-__all__ = ["check_torch_file_structure", "damaged_torch_file", "pickle_damage", "torch_file_damage"]
+__all__ = [
+    "check_torch_file_structure",
+    "damaged_torch_file",
+    "pickle_damage",
+    "torch_file_damage",
+    "torch_file_id",
+]
 
 _LOCAL = struct.Struct("<4s5H3I2H")  # a local file header (30 bytes before its name)
 _TENSOR_RECORD = re.compile(r"^[^/]+/data/[^/]+$")  # ``archive/data/0``: tensor bytes, not checksummed
@@ -204,3 +210,25 @@ def damaged_torch_file(path: str, stream: BinaryIO | None = None) -> CorruptChec
     except OSError:
         return None
     return None if found is None else CorruptCheckpointError(path, *found)
+
+
+def torch_file_id(path: str) -> str | None:
+    """An identity of the ``torch.save`` zip at ``path``, read from its central directory only: a digest of
+    every record's name, CRC-32 and size. The tensor records' CRC-32 cover their bytes and torch writes a
+    per-save ``.data/serialization_id`` record, so a file of another save (even of the same size and
+    shapes) has another id. ``None`` when the file is no zip (a legacy pickle, or damaged).
+
+    Args:
+        path: the ``torch.save`` file.
+    """
+    import hashlib
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            records = sorted((info.filename, info.CRC, info.file_size) for info in archive.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return None
+    digest = hashlib.sha256()
+    for name, crc, size in records:
+        digest.update(f"{name}\0{crc}\0{size}\n".encode())
+    return digest.hexdigest()[:32]

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from accel_bigmodel.confine import allowed_root, check_confined
 from accel_bigmodel.safe_write import (
     replace,
     tmp_name,
@@ -188,11 +189,15 @@ def load_offload_index(offload_folder: str | os.PathLike[str]) -> dict[str, Any]
         raise CorruptCheckpointError(
             path, "a JSON object of weight name -> entry (an object)", f"a JSON {type(index).__name__} of other values"
         )
+    folder = os.fspath(offload_folder)
+    root = allowed_root(folder)
     for key, info in index.items():
         if "safetensors_file" in info:
-            _inside(path, str(info["safetensors_file"]), key)
+            named = _inside(path, str(info["safetensors_file"]), key)
         else:
-            dat_path(os.fspath(offload_folder), key, path)
+            named = dat_path(folder, key, path)
+        if os.path.lexists(named):  # a link must resolve inside the folder (a missing file is named on read)
+            check_confined(named, folder, refused=path, root=root)
     return index
 
 

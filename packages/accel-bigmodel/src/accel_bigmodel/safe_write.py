@@ -118,10 +118,12 @@ def write_raw_tensor(path: str, tensor: torch.Tensor, what: str = "offloaded wei
 
 
 def link_into(folder: str, source: str) -> str:
-    """A name inside ``folder`` that holds ``source``'s bytes without copying them (hard link, else symlink).
+    """A name inside ``folder`` that holds ``source``'s bytes: a hard link (no copy), else a copy.
 
     Lets an offload index refer to weights of a checkpoint stored elsewhere while every index entry
-    stays inside its folder. Returns the name (relative to ``folder``).
+    stays inside its folder. Never a symbolic link: readers refuse a link that resolves outside the
+    folder (`accel_bigmodel.confine`), so what is written here is what they read back. Returns the name
+    (relative to ``folder``).
     """
     import hashlib
 
@@ -134,8 +136,10 @@ def link_into(folder: str, source: str) -> str:
     try:
         try:
             os.link(absolute, staged)
-        except OSError:
-            os.symlink(absolute, staged)
+        except OSError:  # another filesystem (or none with hard links): the bytes are copied
+            import shutil
+
+            shutil.copyfile(absolute, staged)
         os.replace(staged, target)
     except OSError as err:
         _remove_quietly(staged)

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from accel_bigmodel.integrity import torch_file_id
 from accel_bigmodel.safe_write import (
     link_over,
     remove_leftovers,
@@ -37,6 +38,9 @@ logger = get_logger(__name__)
 # ignore them, ours check them
 SAVE_ID_KEY = "accel_save_id"
 FILE_SIZES_KEY = "accel_file_sizes"
+#: ``torch.save`` shards cannot carry the save id without a change to their pickle, so the index records each
+#: one's identity instead (`accel_bigmodel.integrity.torch_file_id()`: its zip records' names, CRC-32, sizes)
+FILE_IDS_KEY = "accel_file_ids"
 
 __all__ = ["ShardPlan", "parse_size", "split_state_dict_into_shards", "save_sharded", "find_shared_tensors"]
 
@@ -150,8 +154,9 @@ def save_sharded(
     point (when new shards would replace old ones of the same name, an intermediate index naming the
     hidden files is committed first, then the shards are linked into place); shards the new index no
     longer names are removed only after it is in place. The index records each file's size and a save
-    id (also in each safetensors shard's metadata), so a reader refuses a folder whose files are not
-    the ones the index was written with.
+    id (also in each safetensors shard's metadata; for ``torch.save`` shards the index records each file's
+    identity instead, ``accel_file_ids``), so a reader refuses a folder whose files are not the ones the
+    index was written with.
 
     Args:
         state_dict: A state dict (name -> tensor).
@@ -190,6 +195,7 @@ def save_sharded(
     token = uuid.uuid4().hex
     hidden: dict[str, str] = {}
     sizes: dict[str, int] = {}
+    ids: dict[str, str] = {}  # torch.save shards: their identity (safetensors ones hold the save id)
     try:
         for filename, names in plan.filename_to_tensors.items():
             shard = {name: state_dict[name] for name in names}
@@ -198,6 +204,9 @@ def save_sharded(
                 sizes[filename] = write_safetensors(hidden[filename], shard, {"format": "pt", SAVE_ID_KEY: token})
             else:
                 sizes[filename] = write_torch(hidden[filename], shard)
+                file_id = torch_file_id(hidden[filename])
+                if file_id is not None:
+                    ids[filename] = file_id
     except BaseException:
         for path in hidden.values():
             _remove(path)
@@ -216,6 +225,8 @@ def save_sharded(
 
         def write_index(names: dict[str, str]) -> None:
             metadata[FILE_SIZES_KEY] = {names[f]: size for f, size in sorted(sizes.items())}
+            if ids:
+                metadata[FILE_IDS_KEY] = {names[f]: file_id for f, file_id in sorted(ids.items())}
             index = {
                 "metadata": metadata,
                 "weight_map": {k: names[f] for k, f in sorted(plan.tensor_to_filename.items())},

@@ -304,7 +304,66 @@ def _read_dcp_metadata(path: str) -> Any:
     if not isinstance(metadata, Metadata):
         raise UnsafeCheckpointError(path, f"a {type(metadata).__name__} instead of DCP Metadata")
     _check_records(metadata, path)
+    _check_tensor_sizes(metadata, path)
     return metadata
+
+
+def _count(values: Any) -> int | None:
+    """The product of ``values`` when each is a plain non-negative int, else ``None``."""
+    total = 1
+    for value in values:
+        if type(value) is not int or value < 0:
+            return None
+        total *= value
+    return total
+
+
+def _check_tensor_sizes(metadata: Any, path: str) -> None:
+    """Refuse a tensor whose declared size its data files cannot hold, before a reader allocates it (a
+    merge makes an empty tensor of every declared size): each chunk must lie inside the tensor, be stored in
+    a record at least as long as its bytes (compressed records excepted), and the chunks must add up to the
+    tensor's elements. A ``.metadata`` declaring a 2**62-element tensor names it here, with its size."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    records = {(index.fqn, tuple(index.offset or ())): info for index, info in (metadata.storage_data or {}).items()}
+    for name, entry in (metadata.state_dict_metadata or {}).items():
+        if not isinstance(entry, TensorStorageMetadata):
+            continue
+        size = tuple(entry.size)
+        elements = _count(size)
+        dtype = getattr(entry.properties, "dtype", None)
+        if elements is None or not isinstance(dtype, torch.dtype):
+            raise CorruptCheckpointError(path, f"tensor {name!r} with a size of plain counts", f"size {size}")
+        item = torch.empty((), dtype=dtype).element_size()
+        stored = 0
+        for chunk in entry.chunks or ():
+            offsets, sizes = tuple(chunk.offsets), tuple(chunk.sizes)
+            count = _count(sizes)
+            if (
+                count is None
+                or _count(offsets) is None
+                or len(offsets) != len(size)
+                or len(sizes) != len(size)
+                or any(o + n > s for o, n, s in zip(offsets, sizes, size))
+            ):
+                raise CorruptCheckpointError(
+                    path, f"chunks of tensor {name!r} inside its size {size}", f"offsets {offsets}, sizes {sizes}"
+                )
+            record = records.get((name, offsets))
+            compressed = record is not None and getattr(record, "transform_descriptors", None)
+            if record is not None and not compressed and count * item > record.length:
+                raise CorruptCheckpointError(
+                    path,
+                    f"tensor {name!r} of size {size} ({elements} elements of {dtype}) stored in its data file",
+                    f"a record of {record.length} bytes for a chunk of {count * item} bytes",
+                )
+            stored += count
+        if stored < elements:
+            raise CorruptCheckpointError(
+                path,
+                f"tensor {name!r} of size {size} ({elements} elements of {dtype}) stored in its data file",
+                f"chunks holding {stored} elements",
+            )
 
 
 def _check_records(metadata: Any, path: str) -> None:
@@ -317,8 +376,8 @@ def _check_records(metadata: Any, path: str) -> None:
     if storage_meta is not None and isinstance(getattr(storage_meta, "checkpoint_id", None), str):
         storage_meta.checkpoint_id = str(storage_meta.checkpoint_id)
     records = metadata.storage_data
-    if records is None:
-        return
+    if records is None:  # torch's writer always records where each item is; its reader asserts on None
+        raise CorruptCheckpointError(path, "DCP metadata with the storage records torch writes", "none")
     if not isinstance(records, dict):
         raise UnsafeCheckpointError(path, f"storage records of type {type(records).__name__} instead of a dict")
     for info in records.values():

@@ -418,11 +418,16 @@ def check_folder(
             that strategy, so it is checked like the documented ones (a pipeline's ``pytorch_model_pp_0/``,
             Megatron-LM's ``megatron_model_0/``).
 
+    Every file checked, and everything under a sub-folder that is read, must resolve inside ``folder``
+    (symbolic links followed; a folder in the Hugging Face hub cache may link into its ``blobs/``).
+
     Raises:
-        UnsafeCheckpointError: a file would run code when unpickled (named, with what it asks for), or a
-            DCP ``.metadata`` lies in a DeepSpeed engine folder (named).
+        UnsafeCheckpointError: a file would run code when unpickled (named, with what it asks for), a
+            DCP ``.metadata`` lies in a DeepSpeed engine folder (named), or a symbolic link resolves outside
+            the checkpoint (the link and its target named).
         CorruptCheckpointError: a file is damaged (named, with what was expected and found).
     """
+    from accel_bigmodel.confine import allowed_root, check_confined
     from accel_train.checkpoint.integrity import check_rng_file, check_weights_file
     from accel_train.checkpoint.layout import DCP_FOLDER_RE, engine_torch_files, torch_files
     from accel_train.checkpoint_safety import run_checks
@@ -437,9 +442,20 @@ def check_folder(
 
     shared = distributed and any(read_folder(e) for e in names)
 
+    root = allowed_root(folder)
+
     def file_check(relative: str, check: Callable[[str], Any] | None = None) -> tuple[str, Callable[[], None]]:
         path = os.path.join(folder, relative)
+        check_confined(path, folder, root=root)  # a link out of the checkpoint is refused, by name
         return f"{relative}:{os.path.getsize(path)}", functools.partial(check or io_.check_file, path)
+
+    def confine_tree(entry: str) -> None:
+        """Refuse a link anywhere in the sub-folder ``entry`` (itself included) that resolves outside."""
+        top = os.path.join(folder, entry)
+        check_confined(top, folder, root=root)
+        for current, dirs, files in os.walk(top):
+            for name in sorted(dirs) + sorted(files):
+                check_confined(os.path.join(current, name), folder, root=root)
 
     def plan() -> list[tuple[str, Callable[[], None]]]:
         checks: list[tuple[str, Callable[[], None]]] = []
@@ -454,6 +470,7 @@ def check_folder(
             if os.path.isdir(path):
                 if not read_folder(entry):
                     continue  # a folder of the user's, moved along with the checkpoint: never read
+                confine_tree(entry)
                 if _matches(entry, sharded_patterns) and os.path.isfile(os.path.join(path, ".metadata")):
                     sharded(entry)  # torch's reader opens the files its .metadata names
                     # and a backend may open pickled files beside it (Megatron-LM's common.pt): those too
@@ -477,6 +494,37 @@ def check_folder(
         return checks
 
     run_checks(plan, distributed=shared)
+
+
+def check_model_shapes(folder: str, models: Sequence[Any], model_entries: Sequence[str], strategy: Any) -> None:
+    """Compare the shape of every tensor in each model's ``.safetensors`` file (its header only) with the
+    model's own before any model is loaded: ``load_state_dict`` copies the tensors that fit and raises on a
+    size mismatch only afterwards, which would leave a model half loaded. Applies where the strategy loads a
+    whole file into the unwrapped model (the default reader); other strategies check their own shards.
+
+    Raises:
+        CheckpointMismatchError: a tensor's shape differs (file, tensor and both shapes named).
+    """
+    from accel_bigmodel.tensor_io import read_safetensors_header
+    from accel_train.strategies.base import Strategy
+
+    if type(strategy).load_model_checkpoint is not Strategy.load_model_checkpoint:
+        return
+    for model, entry in zip(models, model_entries):
+        path = os.path.join(folder, entry)
+        if not entry.endswith(".safetensors") or not os.path.isfile(path):
+            continue
+        locations, _ = read_safetensors_header(path)
+        own = strategy.unwrap_model(model, keep_torch_compile=False).state_dict()
+        for name, location in locations.items():
+            key = name[len("module.") :] if name.startswith("module.") and name not in own else name
+            tensor = own.get(key)
+            if isinstance(tensor, torch.Tensor) and tuple(tensor.shape) != tuple(location.shape):
+                raise CheckpointMismatchError(
+                    f"checkpoint {folder} does not match what this Accelerator prepared: {entry} holds {name!r} of "
+                    f"shape {tuple(location.shape)}, the model's is {tuple(tensor.shape)}; nothing was loaded. "
+                    "Prepare the same model as when it was saved."
+                )
 
 
 def to_device(obj: Any, device: Any) -> Any:
@@ -597,6 +645,7 @@ def read_objects(
     grouped = distributed and dist.is_available() and dist.is_initialized()
     ranks = range(dist.get_world_size()) if grouped else [process_index]  # whose own files the run reads
     check_folder(folder, io_, distributed=distributed, ranks=ranks, entries=strategy.checkpoint_entries())
+    check_model_shapes(folder, objects.models, model_entries, strategy)
     for model, entry in zip(objects.models, model_entries):
         strategy.load_model_checkpoint(model, folder, entry, device, strict=strict)
     for index, optimizer in enumerate(objects.optimizers):

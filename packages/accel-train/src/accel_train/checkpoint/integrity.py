@@ -42,6 +42,8 @@ SCAN_LIMIT = 64 * 1024 * 1024
 
 #: The generator states an RNG file's header holds as JSON: key -> number of items (numpy's is optional).
 _RNG_JSON = {"random_state": 3, "numpy_random_seed": 5}
+#: Where the words of each JSON generator state are (item index) and how many there are (Mersenne Twister).
+_JSON_WORDS = {"random_state": (1, 625), "numpy_random_seed": (1, 624)}
 
 #: The manifest's fields and the types they hold (a field may be absent: older or other writers).
 _MANIFEST_FIELDS: dict[str, tuple[type, ...]] = {
@@ -164,7 +166,49 @@ def check_rng_file(path: str, rng_format: str = "accel-rng-1") -> dict[str, str]
             raise CorruptCheckpointError(
                 path, f"the generator state {key!r} as a list of {length} items", f"{str(value)[:80]!r}"
             )
+        _check_json_state(path, key, value)
+    _check_torch_states(path, locations)
     return metadata
+
+
+def _check_json_state(path: str, key: str, value: list[Any]) -> None:
+    """Python's and NumPy's generator states hold a fixed number of 32-bit words; any other count would
+    make ``random.setstate`` / ``np.random.set_state`` fail after other objects were already loaded."""
+    position, expected = _JSON_WORDS[key]
+    words = value[position]
+    if not isinstance(words, list) or len(words) != expected:
+        found = f"{len(words)} items" if isinstance(words, list) else type(words).__name__
+        raise CorruptCheckpointError(path, f"the generator state {key!r} with {expected} words", found)
+
+
+def _check_torch_states(path: str, locations: dict[str, Any]) -> None:
+    """Each torch generator state in the file must have the dtype and length this torch's generators take
+    (``torch.set_rng_state`` refuses any other, but only once the model and optimizer were loaded)."""
+    import torch
+
+    cpu_state = torch.get_rng_state()
+    expected = {"torch_manual_seed": cpu_state}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        expected.update(
+            {f"torch_cuda_manual_seed.{i}": state for i, state in enumerate(torch.cuda.get_rng_state_all())}
+        )
+    for name, location in locations.items():
+        if name.startswith("generator.") and (location.dtype != torch.uint8 or len(location.shape) != 1):
+            # a generator given by name may live on any device (its state's length differs): bytes, one row
+            raise CorruptCheckpointError(
+                path,
+                f"the generator state {name!r} as a 1-D torch.uint8 tensor",
+                f"{location.dtype} of shape {tuple(location.shape)}",
+            )
+        want = expected.get(name)
+        if want is None:
+            continue
+        if location.dtype != want.dtype or tuple(location.shape) != tuple(want.shape):
+            raise CorruptCheckpointError(
+                path,
+                f"the generator state {name!r} as {want.dtype} of shape {tuple(want.shape)} (what this torch takes)",
+                f"{location.dtype} of shape {tuple(location.shape)}",
+            )
 
 
 def _manifest_problem(data: Any) -> str | None:

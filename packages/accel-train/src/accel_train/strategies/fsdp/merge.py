@@ -9,6 +9,8 @@ import re
 import shutil
 from typing import Any
 
+import torch
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["merge_fsdp_weights"]
@@ -43,6 +45,9 @@ def merge_fsdp_weights(
     Raises:
         FileNotFoundError: ``checkpoint_dir`` does not exist.
         UnsafeCheckpointError: a file would run code, or a DeepSpeed folder holds a DCP ``.metadata`` (named).
+        CorruptCheckpointError: the ``.metadata`` declares a tensor its data files cannot hold (named).
+        ValueError: with ``remove_checkpoint_dir``, ``output_path`` lies in the folder it deletes; or the
+            folder holds no tensor.
     """
     checkpoint_dir = os.fspath(checkpoint_dir)
     output_path = os.fspath(output_path)
@@ -72,6 +77,9 @@ def merge_fsdp_weights(
             )
     if os.path.isfile(output_path):
         raise ValueError(f"output_path {output_path} is a file; give a folder to write the merged weights into")
+    if remove_checkpoint_dir:
+        _check_output_survives(checkpoint_dir, output_path)
+    _check_no_link_out(checkpoint_dir)
     writer = _is_main_process()
     from accel_train.checkpointing import model_file
 
@@ -88,12 +96,45 @@ def merge_fsdp_weights(
             state_dict = CheckpointIO().load_sharded_whole(checkpoint_dir)
         if set(state_dict) == {"model"} and isinstance(state_dict["model"], dict):
             state_dict = state_dict["model"]
+        if not any(isinstance(value, torch.Tensor) for value in state_dict.values()):
+            raise ValueError(
+                f"{checkpoint_dir} holds no tensor to merge (its metadata names none): an empty or planted "
+                "checkpoint; nothing was written"
+            )
         target = _write_atomically(state_dict, output_path, name, safe_serialization, max_shard_size)
         logger.info("merged %d tensors from %s into %s", len(state_dict), checkpoint_dir, target)
         if remove_checkpoint_dir:
             shutil.rmtree(checkpoint_dir)
     _barrier()
     return target
+
+
+def _check_no_link_out(folder: str) -> None:
+    """Refuse a symbolic link anywhere under the folder to merge that resolves outside it (named, with its
+    target), before anything is read: the backends' readers would follow it."""
+    from accel_bigmodel.confine import allowed_root, check_confined
+
+    root = allowed_root(folder)
+    for current, dirs, files in os.walk(folder):
+        for name in sorted(dirs) + sorted(files):
+            check_confined(os.path.join(current, name), folder, root=root)
+
+
+def _check_output_survives(removed: str, output_path: str) -> None:
+    """Refuse, before anything is read or written, an ``output_path`` that lies in the folder
+    ``remove_checkpoint_dir`` deletes: the merged weights would be reported written and then deleted with it.
+
+    Raises:
+        ValueError: ``output_path`` is ``removed`` or a folder inside it (both named).
+    """
+    folder = os.path.realpath(removed)
+    target = os.path.realpath(output_path)
+    if target == folder or target.startswith(folder.rstrip(os.sep) + os.sep):
+        raise ValueError(
+            f"output_path {output_path} lies inside the checkpoint folder {removed}, which remove_checkpoint_dir "
+            "deletes once merged (the merged weights with it); write them outside that folder, or keep the "
+            "checkpoint folder"
+        )
 
 
 _MERGE_OUTPUT_RE = re.compile(
