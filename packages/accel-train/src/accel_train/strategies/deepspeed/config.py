@@ -33,12 +33,14 @@ __all__ = [
     "hidden_size_values",
     "is_auto",
     "load_config",
+    "missing_auto_error",
     "micro_batch_size",
     "resolve_batch_sizes",
     "resolve_mixed_precision",
     "scheduler_values",
     "unresolved_error",
     "set_value",
+    "zero_stage_number",
 ]
 
 AUTO = "auto"
@@ -79,6 +81,30 @@ HIDDEN_SIZE_KEYS = (
 
 
 # -- reading and addressing -----------------------------------------------------------------------
+
+
+def zero_stage_number(value: Any, stages: tuple[int, ...] = (0, 1, 2, 3)) -> int | None:
+    """The ZeRO stage ``value`` names, as an int: an int of ``stages``, or the string of one, bare or with
+    the ``zero`` prefix (``"2"``, ``"zero2"``, ``"ZeRO2"``); ``None`` stays ``None`` (not given).
+
+    The documented system takes such strings without a check and passes them on to DeepSpeed; accel
+    accepts the same spellings, turned into the stage number DeepSpeed's config expects.
+
+    Raises:
+        ValueError: ``value`` names no stage (named, with the accepted spellings).
+    """
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value in stages:
+        return value
+    if isinstance(value, str):
+        text = value.strip().lower().removeprefix("zero").removeprefix("_").removeprefix("-")
+        if text.isdigit() and int(text) in stages:
+            return int(text)
+    raise ValueError(
+        f"DeepSpeedPlugin.zero_stage={value!r} is not valid; choose one of {list(stages)} "
+        f"(or the same as a string: {', '.join(repr(f'zero{stage}') for stage in stages)})"
+    )
 
 
 def load_config(source: Any) -> dict[str, Any]:
@@ -404,6 +430,18 @@ def resolve_batch_sizes(
                 f"= {expected}"
             )
     return steps
+
+
+def missing_auto_error(keys: list[str]) -> ValueError:
+    """The error for ``"auto"`` values that ``fill_match`` / ``deepspeed_config_process`` were asked to
+    resolve but not given a value for; names every such key (the first in the documented wording, so a
+    pasted error finds its answers)."""
+    first = keys[0]
+    return ValueError(
+        f'the DeepSpeed config values {keys} are "auto" but no value was given for them: `{first}` not found '
+        f"in kwargs. Please specify `{first}` without `auto` (set to correct value) in the DeepSpeed config, or "
+        "pass each of them as a keyword argument (its dotted key)"
+    )
 
 
 def unresolved_error(keys: list[str]) -> ValueError:
