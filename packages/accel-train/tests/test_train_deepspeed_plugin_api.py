@@ -107,3 +107,13 @@ def test_zero_stage_as_a_string_means_the_stage() -> None:
         with pytest.raises(ValueError, match=r"zero_stage=.* is not valid; choose one of \[0, 1, 2, 3\].*'zero2'"):
             DeepSpeedPlugin(zero_stage=wrong)
 
+
+def test_deepspeed_config_is_set_by_prepare_only() -> None:
+    from accel_train import Accelerator
+
+    reset_shared_state()
+    accelerator = Accelerator(cpu=True)
+    assert not hasattr(accelerator, "deepspeed_config")
+    with pytest.raises(AttributeError, match="set by `accelerator.prepare.*under DeepSpeed"):
+        _ = accelerator.deepspeed_config
+    reset_shared_state()
