@@ -484,6 +484,7 @@ def test_zero3_save_model_without_16bit_export_says_how_to_gather(ds_pool: Distr
     message = ds_pool.run(rank_bad_input, "zero3_without_16bit")[0]
     assert "zero3_save_16bit_model=True" in message and "stage3_gather_16bit_weights_on_model_save" in message
     assert "zero_to_fp32.py" in message
+    assert "Cannot get 16bit model weights because `stage3_gather_16bit_weights_on_model_save`" in message
 
 
 def test_micro_batch_size_of_the_config_wins_over_the_loader(ds_pool: DistributedPool) -> None:

@@ -261,7 +261,9 @@ def check_config_file_fields(fields: list[str] | None, mixed_precision_set: bool
         ignored.append("mixed_precision")
     if ignored:
         raise ValueError(
-            f"with `deepspeed_config_file`, these accel config settings would be ignored: {sorted(ignored)}. "
+            f"with `deepspeed_config_file`, these accel config settings would be ignored: {sorted(ignored)} "
+            f"(When using `deepspeed_config_file`, the following accelerate config variables will be ignored: "
+            f"{sorted(ignored)}). "
             'Set them in the DeepSpeed JSON file instead (or to "auto" there and pass them as `accel launch` '
             "flags), and remove them from the accel config file; next to `deepspeed_config_file` it may only "
             f"hold {sorted(CONFIG_FILE_COMPANION_FIELDS - {'deepspeed_config_file'})}. `accel config` asks only "
@@ -289,7 +291,9 @@ def resolve_mixed_precision(config: dict[str, Any], mode: str) -> None:
         other = "bf16" if mode == "fp16" else "fp16"
         if _as_bool(get_value(config, f"{other}.enabled")) is True:
             raise ValueError(
-                f"mixed_precision={mode!r} contradicts the DeepSpeed config, which enables {other}; "
+                f"mixed_precision={mode!r} contradicts the DeepSpeed config, which enables {other} "
+                f"(`--mixed_precision` arg cannot be set to `{mode}` when `{other}` is set in the DeepSpeed config "
+                "file); "
                 f'use mixed_precision={other!r}, or set {other}.enabled to "auto" or false in the config'
             )
         if not isinstance(config.get(mode), dict):
@@ -320,7 +324,8 @@ def micro_batch_size(batch_sizes: list[int | None], take_min: bool = True) -> in
     if any(size is None for size in batch_sizes):
         raise ValueError(
             "a prepared DataLoader has no integer batch size (it uses a custom batch sampler), so DeepSpeed's "
-            "train_micro_batch_size_per_gpu cannot be derived: set it to an integer in the DeepSpeed config"
+            "train_micro_batch_size_per_gpu cannot be derived: set it to an integer in the DeepSpeed config "
+            "(At least one of the dataloaders passed to `prepare()` has `None` as batch size.)"
         )
     sizes = [int(size) for size in batch_sizes]  # type: ignore[arg-type]
     return min(sizes) if take_min else max(sizes)
@@ -415,7 +420,9 @@ def resolve_batch_sizes(
                 raise ValueError(
                     'the DeepSpeed config leaves train_micro_batch_size_per_gpu as "auto", which accel takes from '
                     "the prepared DataLoader, but none was prepared: pass the training (or evaluation) DataLoader "
-                    "to the same `prepare` call as the model, or set train_micro_batch_size_per_gpu to an integer"
+                    "to the same `prepare` call as the model, or set train_micro_batch_size_per_gpu to an integer "
+                    "(When using DeepSpeed, `prepare()` requires you to pass at least one of training or evaluation "
+                    "dataloaders with `batch_size` attribute returning an integer value.)"
                 )
         set_value(config, "train_micro_batch_size_per_gpu", micro)
     micro_now = get_value(config, "train_micro_batch_size_per_gpu")

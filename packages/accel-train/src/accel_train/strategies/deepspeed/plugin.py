@@ -137,7 +137,8 @@ class DeepSpeedPlugin:
             if "zero_optimization" not in config:
                 raise ValueError(
                     f"the DeepSpeed config {self._source()} has no `zero_optimization` section; add one "
-                    '(e.g. {"zero_optimization": {"stage": 2}})'
+                    '(e.g. {"zero_optimization": {"stage": 2}}). '
+                    "Please specify the ZeRO optimization config in the DeepSpeed config."
                 )
             config.setdefault("gradient_accumulation_steps", 1)
             # The plugin's fields (from code or the launcher) resolve the file's "auto" values; a value
@@ -287,7 +288,8 @@ class DeepSpeedPlugin:
             mismatches.extend(found)
         elif found:
             raise ValueError(
-                "the DeepSpeed config contradicts the run's settings:\n  - "
+                "the DeepSpeed config contradicts the run's settings (Please correct the following DeepSpeed "
+                "config values that mismatch kwargs values):\n  - "
                 + "\n  - ".join(found)
                 + '\nChange the config value, or set it to "auto" to take the run\'s.'
             )

@@ -393,7 +393,8 @@ class DeepSpeedStrategy(Strategy):
     ) -> None:
         raise ValueError(
             "DeepSpeed clips gradients by norm only: use `accelerator.clip_grad_norm_` and set gradient_clipping "
-            "in the DeepSpeed config"
+            "in the DeepSpeed config (DeepSpeed and FSDP do not support `clip_grad_value_`. Use `clip_grad_norm_` "
+            "instead.)"
         )
 
     # -- models and their state -----------------------------------------------------------------------
@@ -418,6 +419,8 @@ class DeepSpeedStrategy(Strategy):
             }
         if not engine.zero_gather_16bit_weights_on_model_save():
             raise ValueError(
+                "Cannot get 16bit model weights because `stage3_gather_16bit_weights_on_model_save` in DeepSpeed "
+                "config is False: "
                 "the model's weights are partitioned by ZeRO-3 and the 16-bit export is off, so the full state "
                 "dict cannot be gathered: set `zero_optimization.stage3_gather_16bit_weights_on_model_save: true` "
                 "in the DeepSpeed config (or `zero3_save_16bit_model=True` in the plugin / --zero3_save_16bit_model "
