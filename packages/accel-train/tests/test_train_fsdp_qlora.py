@@ -2,7 +2,8 @@
 (``bnb_4bit_quant_storage=torch.bfloat16``), peft LoRA adapters, FSDP with bf16 mixed precision.
 
 The 4-bit weights must stay packed (FSDP's float32 upcast skips them), the adapters train, the loss
-matches the same model on one process, and ``save_state``/``load_state`` resume exactly."""
+matches the same model on one process, the adapters save through peft's ``save_pretrained`` and
+``save_model``, and ``save_state``/``load_state`` resume exactly. FSDP 2 and FSDP 1 (``use_orig_params``)."""
 
 from __future__ import annotations
 
@@ -170,6 +171,12 @@ def rank_qlora(version: int, folder: str, save_at: int | None, load: bool) -> di
             lora = lora_weights(model)
     else:
         lora = lora_weights(model)
+    if save_at is None:  # the adapters, as users save them: peft's save_pretrained, and save_model
+        state = accelerator.get_state_dict(model)
+        accelerator.unwrap_model(model).save_pretrained(
+            f"{folder}_adapter", state_dict=state, is_main_process=accelerator.is_main_process
+        )
+        accelerator.save_model(model, f"{folder}_model")
     return {"before": before, "packed": packed, "lora": lora, "losses": losses}
 
 
@@ -212,6 +219,16 @@ def test_qlora_trains_with_packed_4bit_weights_and_resumes(qlora_pool: Distribut
         assert not torch.equal(start, first["lora"][name]), name
         assert torch.equal(first["lora"][name], second["lora"][name]), name
     assert first["losses"] == second["losses"] and len(first["losses"]) == 8
+    from safetensors.torch import load_file
+
+    adapter = load_file(f"{folder}_adapter/adapter_model.safetensors")
+    assert len(adapter) == len(first["lora"]) == 8
+    for name, value in adapter.items():  # peft drops the adapter name from its keys
+        trained = first["lora"][name.replace(".weight", ".default.weight")]
+        torch.testing.assert_close(value.float(), trained)
+    whole_model = load_file(f"{folder}_model/model.safetensors")
+    for name, value in first["lora"].items():
+        torch.testing.assert_close(whole_model[name].float(), value)
     reference = qlora_pool.run(rank_one_process)[0]
     assert first["losses"] == pytest.approx(reference, rel=5e-2)
     # save after 4 steps, resume: the same last 4 losses and adapters as the run without a stop
