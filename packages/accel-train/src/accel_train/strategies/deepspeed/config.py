@@ -90,6 +90,10 @@ def zero_stage_number(value: Any, stages: tuple[int, ...] = (0, 1, 2, 3)) -> int
     The documented system takes such strings without a check and passes them on to DeepSpeed; accel
     accepts the same spellings, turned into the stage number DeepSpeed's config expects.
 
+    Args:
+        value: the ``zero_stage`` given to the plugin (or by the launcher).
+        stages: the valid stage numbers.
+
     Raises:
         ValueError: ``value`` names no stage (named, with the accepted spellings).
     """
@@ -442,7 +446,11 @@ def resolve_batch_sizes(
 def missing_auto_error(keys: list[str]) -> ValueError:
     """The error for ``"auto"`` values that ``fill_match`` / ``deepspeed_config_process`` were asked to
     resolve but not given a value for; names every such key (the first in the documented wording, so a
-    pasted error finds its answers)."""
+    pasted error finds its answers).
+
+    Args:
+        keys: the dotted keys still ``"auto"``, at least one.
+    """
     first = keys[0]
     return ValueError(
         f'the DeepSpeed config values {keys} are "auto" but no value was given for them: `{first}` not found '
