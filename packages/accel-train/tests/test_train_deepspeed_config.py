@@ -227,6 +227,22 @@ def test_fill_match_and_config_process() -> None:
         plugin.deepspeed_config_process(gradient_clipping=3.0)
 
 
+def test_config_process_names_the_auto_values_it_was_not_given() -> None:
+    # As documented: every "auto" needs a value; the ones missing from kwargs are named, not left unfilled.
+    config = {"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}, "gradient_clipping": "auto"}
+    config["train_micro_batch_size_per_gpu"] = 4
+    plugin = DeepSpeedPlugin(hf_ds_config=config)
+    with pytest.raises(ValueError, match="not found in kwargs") as raised:
+        plugin.deepspeed_config_process(must_match=False, gradient_clipping=1.0)
+    assert "['zero_optimization.reduce_bucket_size']" in str(raised.value)
+    assert "without `auto`" in str(raised.value)
+    with pytest.raises(ValueError, match="`zero_optimization.reduce_bucket_size` not found in kwargs"):
+        plugin.fill_match("zero_optimization.reduce_bucket_size", [])
+    plugin.fill_match("gradient_clipping", [])  # a concrete value needs nothing
+    plugin.deepspeed_config_process(must_match=False, **{"zero_optimization.reduce_bucket_size": 8})
+    assert list(dsc.auto_keys(plugin.deepspeed_config)) == []
+
+
 # -- "auto" values resolved at prepare ----------------------------------------------------------------
 
 

@@ -454,6 +454,29 @@ def rank_bad_input(case: str) -> str:
         after = list(accelerator.get_state_dict(model).values())
         moved = any(not torch.equal(a, b) for a, b in zip(before, after))
         return f"trained={moved} allow={plugin.deepspeed_config['zero_allow_untested_optimizer']}"
+    if case == "documented_api":
+        # A script written for the documented system: the "zero2" spelling, a loader prepared in its own
+        # call and one in a failed call (neither sizes the batch), the resolved config on the accelerator,
+        # and the gradient norm as a float.
+        plugin = DeepSpeedPlugin(zero_stage="zero2", gradient_clipping=1.0)
+        accelerator = Accelerator(deepspeed_plugin=plugin)
+        accelerator.prepare(_loader(batch=1))
+        try:
+            accelerator.prepare(_model(), _model(), _loader(batch=2))
+        except ValueError:
+            pass
+        model = _model()
+        model, optimizer, loader = accelerator.prepare(model, torch.optim.AdamW(model.parameters()), _loader())
+        x, y = next(iter(loader))
+        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        norm = accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        config = accelerator.deepspeed_config
+        return (
+            f"stage={model.zero_optimization_stage()} micro={config['train_micro_batch_size_per_gpu']} "
+            f"same={config is plugin.deepspeed_config} auto={'auto' in json.dumps(config)} "
+            f"norm={type(norm).__name__}:{norm > 0}"
+        )
     raise AssertionError(case)
 
 
@@ -461,6 +484,7 @@ def test_zero3_save_model_without_16bit_export_says_how_to_gather(ds_pool: Distr
     message = ds_pool.run(rank_bad_input, "zero3_without_16bit")[0]
     assert "zero3_save_16bit_model=True" in message and "stage3_gather_16bit_weights_on_model_save" in message
     assert "zero_to_fp32.py" in message
+    assert "Cannot get 16bit model weights because `stage3_gather_16bit_weights_on_model_save`" in message
 
 
 def test_micro_batch_size_of_the_config_wins_over_the_loader(ds_pool: DistributedPool) -> None:
@@ -469,3 +493,10 @@ def test_micro_batch_size_of_the_config_wins_over_the_loader(ds_pool: Distribute
 
 def test_untested_client_optimizer_is_allowed_with_zero(ds_pool: DistributedPool) -> None:
     assert ds_pool.run(rank_bad_input, "untested_optimizer")[0] == "trained=True allow=True"
+
+
+def test_a_script_for_the_documented_system_reads_the_documented_values(ds_pool: DistributedPool) -> None:
+    assert (
+        ds_pool.run(rank_bad_input, "documented_api")
+        == [f"stage=2 micro={BATCH} same=True auto=False norm=float:True"] * 2
+    )

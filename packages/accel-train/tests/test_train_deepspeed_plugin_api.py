@@ -96,3 +96,24 @@ def test_a_second_accelerator_with_its_own_plugin_is_refused() -> None:
     assert second.state.deepspeed_plugin is first.state.deepspeed_plugin
     assert second.state.deepspeed_plugin.zero_stage == 2
     reset_shared_state()
+
+
+def test_zero_stage_as_a_string_means_the_stage() -> None:
+    # The documented system takes "zero2"; accel reads it (and "2") as the stage number DeepSpeed expects.
+    for given, stage in (("zero2", 2), ("ZeRO3", 3), ("zero0", 0), ("1", 1), (2, 2)):
+        plugin = DeepSpeedPlugin(zero_stage=given)
+        assert plugin.zero_stage == stage and plugin.deepspeed_config["zero_optimization"]["stage"] == stage
+    for wrong in ("zero4", "two", 2.0, True):
+        with pytest.raises(ValueError, match=r"zero_stage=.* is not valid; choose one of \[0, 1, 2, 3\].*'zero2'"):
+            DeepSpeedPlugin(zero_stage=wrong)
+
+
+def test_deepspeed_config_is_set_by_prepare_only() -> None:
+    from accel_train import Accelerator
+
+    reset_shared_state()
+    accelerator = Accelerator(cpu=True)
+    assert not hasattr(accelerator, "deepspeed_config")
+    with pytest.raises(AttributeError, match="set by `accelerator.prepare.*under DeepSpeed"):
+        _ = accelerator.deepspeed_config
+    reset_shared_state()

@@ -168,6 +168,42 @@ def test_set_auto_wrap_policy_resolves_against_the_model() -> None:
         FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Nope"]).set_auto_wrap_policy(model)
 
 
+def test_set_auto_wrap_policy_stores_torchs_policy_function_for_scripts_to_read() -> None:
+    import functools
+
+    from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
+
+    from accel_train.strategies.fsdp.wrap import wrap_units
+
+    model = BlockNet()
+    layers = FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap")
+    layers.set_auto_wrap_policy(model)
+    policy = layers.auto_wrap_policy
+    assert isinstance(policy, functools.partial) and policy.func is transformer_auto_wrap_policy
+    assert policy.keywords == {"transformer_layer_cls": {type(model.blocks[0])}}
+    # FSDP2 shards the units the stored policy names, as FSDP1 wraps them
+    assert wrap_units(model, layers) == list(model.blocks)
+    size = FullyShardedDataParallelPlugin(auto_wrap_policy="size_based_wrap", min_num_params=10)
+    size.set_auto_wrap_policy(model)
+    assert size.auto_wrap_policy.func is size_based_auto_wrap_policy
+    assert size.auto_wrap_policy.keywords == {"min_num_params": 10}
+
+
+def test_min_num_params_0_means_no_size_based_wrapping() -> None:
+    from accel_train.strategies.fsdp.wrap import wrap_units
+
+    model = BlockNet()
+    for version in (1, 2):
+        plugin = FullyShardedDataParallelPlugin(
+            fsdp_version=version, auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=0
+        )
+        assert wrap_units(model, plugin) == []  # the whole model is one unit, not one unit per module
+        plugin.set_auto_wrap_policy(model)
+        assert plugin.auto_wrap_policy is None
+    small = FullyShardedDataParallelPlugin(auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=1)
+    assert len(wrap_units(model, small)) > 1
+
+
 # -- on two processes ---------------------------------------------------------------------------------
 
 

@@ -298,7 +298,8 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
                 [args[i] for i in optimizers],
                 [args[i] for i in schedulers],
                 device_placement=placements,
-                data_loaders=list(self._dataloaders),
+                # only this call's loaders, as documented: not those of an earlier (maybe failed) call
+                data_loaders=[result[i] for i, obj in enumerate(args) if isinstance(obj, torch.utils.data.DataLoader)],
             )
             for i, model in zip(models, prepared.models):
                 result[i] = self._register_model(model)
@@ -617,7 +618,7 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         """
         self._strategy.unscale_gradients(self._optimizer_list(optimizer))
 
-    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor | float | None:
         """Clip gradients by their total norm, over shards when sharded, after unscaling; returns the norm.
 
         Args:
@@ -626,7 +627,8 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
             norm_type: the order of the norm (default `2`; ``inf`` for the largest absolute value).
 
         Returns:
-            The total norm of the gradients, before clipping.
+            The total norm of the gradients, before clipping: a tensor; under DeepSpeed (whose engine clips
+            in its step) the norm the engine measured, as a Python float (``None`` before its first step).
         """
         return self._strategy.clip_grad_norm_(parameters, max_norm, norm_type, self._optimizers)
 
@@ -698,6 +700,25 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
             The adapted data loader, or ``dl`` itself without sequence parallelism.
         """
         return self._strategy.ulysses_dl_adapter(dl, model)
+
+    @property
+    def deepspeed_config(self) -> dict[str, Any]:
+        """The DeepSpeed config that ``prepare`` resolved (every ``"auto"`` filled) for the last model it
+        prepared under DeepSpeed: the active plugin's ``deepspeed_config``, the dict the engine was built
+        from, which scripts and callbacks read.
+
+        Raises:
+            AttributeError: before ``prepare`` set it (no model prepared under DeepSpeed yet), so
+                ``hasattr(accelerator, "deepspeed_config")`` answers as with the documented system.
+        """
+        config = getattr(self._strategy, "resolved_config", None)
+        if config is None:
+            raise AttributeError(
+                "accelerator.deepspeed_config is set by `accelerator.prepare(model, ...)` under DeepSpeed, and no "
+                "model has been prepared with DeepSpeed yet; before that, read "
+                "`accelerator.state.deepspeed_plugin.deepspeed_config`"
+            )
+        return config  # type: ignore[no-any-return]
 
     @property
     def deepspeed_engine_wrapped(self) -> Any:

@@ -275,7 +275,8 @@ class Strategy:
     ) -> Prepared:
         """Prepare the objects of one ``prepare`` call together (``device_placement`` per model).
 
-        ``data_loaders`` are the prepared data loaders known so far (a backend may read their batch size).
+        ``data_loaders`` are the data loaders prepared by the same ``prepare`` call (a backend may read
+        their batch size; loaders of earlier calls are not given, as documented).
         """
         prepared = [
             self.setup_model(model, placement, evaluation_mode) for model, placement in zip(models, device_placement)

@@ -33,12 +33,14 @@ __all__ = [
     "hidden_size_values",
     "is_auto",
     "load_config",
+    "missing_auto_error",
     "micro_batch_size",
     "resolve_batch_sizes",
     "resolve_mixed_precision",
     "scheduler_values",
     "unresolved_error",
     "set_value",
+    "zero_stage_number",
 ]
 
 AUTO = "auto"
@@ -79,6 +81,34 @@ HIDDEN_SIZE_KEYS = (
 
 
 # -- reading and addressing -----------------------------------------------------------------------
+
+
+def zero_stage_number(value: Any, stages: tuple[int, ...] = (0, 1, 2, 3)) -> int | None:
+    """The ZeRO stage ``value`` names, as an int: an int of ``stages``, or the string of one, bare or with
+    the ``zero`` prefix (``"2"``, ``"zero2"``, ``"ZeRO2"``); ``None`` stays ``None`` (not given).
+
+    The documented system takes such strings without a check and passes them on to DeepSpeed; accel
+    accepts the same spellings, turned into the stage number DeepSpeed's config expects.
+
+    Args:
+        value: the ``zero_stage`` given to the plugin (or by the launcher).
+        stages: the valid stage numbers.
+
+    Raises:
+        ValueError: ``value`` names no stage (named, with the accepted spellings).
+    """
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value in stages:
+        return value
+    if isinstance(value, str):
+        text = value.strip().lower().removeprefix("zero").removeprefix("_").removeprefix("-")
+        if text.isdigit() and int(text) in stages:
+            return int(text)
+    raise ValueError(
+        f"DeepSpeedPlugin.zero_stage={value!r} is not valid; choose one of {list(stages)} "
+        f"(or the same as a string: {', '.join(repr(f'zero{stage}') for stage in stages)})"
+    )
 
 
 def load_config(source: Any) -> dict[str, Any]:
@@ -235,7 +265,9 @@ def check_config_file_fields(fields: list[str] | None, mixed_precision_set: bool
         ignored.append("mixed_precision")
     if ignored:
         raise ValueError(
-            f"with `deepspeed_config_file`, these accel config settings would be ignored: {sorted(ignored)}. "
+            f"with `deepspeed_config_file`, these accel config settings would be ignored: {sorted(ignored)} "
+            f"(When using `deepspeed_config_file`, the following accelerate config variables will be ignored: "
+            f"{sorted(ignored)}). "
             'Set them in the DeepSpeed JSON file instead (or to "auto" there and pass them as `accel launch` '
             "flags), and remove them from the accel config file; next to `deepspeed_config_file` it may only "
             f"hold {sorted(CONFIG_FILE_COMPANION_FIELDS - {'deepspeed_config_file'})}. `accel config` asks only "
@@ -263,7 +295,9 @@ def resolve_mixed_precision(config: dict[str, Any], mode: str) -> None:
         other = "bf16" if mode == "fp16" else "fp16"
         if _as_bool(get_value(config, f"{other}.enabled")) is True:
             raise ValueError(
-                f"mixed_precision={mode!r} contradicts the DeepSpeed config, which enables {other}; "
+                f"mixed_precision={mode!r} contradicts the DeepSpeed config, which enables {other} "
+                f"(`--mixed_precision` arg cannot be set to `{mode}` when `{other}` is set in the DeepSpeed config "
+                "file); "
                 f'use mixed_precision={other!r}, or set {other}.enabled to "auto" or false in the config'
             )
         if not isinstance(config.get(mode), dict):
@@ -294,7 +328,8 @@ def micro_batch_size(batch_sizes: list[int | None], take_min: bool = True) -> in
     if any(size is None for size in batch_sizes):
         raise ValueError(
             "a prepared DataLoader has no integer batch size (it uses a custom batch sampler), so DeepSpeed's "
-            "train_micro_batch_size_per_gpu cannot be derived: set it to an integer in the DeepSpeed config"
+            "train_micro_batch_size_per_gpu cannot be derived: set it to an integer in the DeepSpeed config "
+            "(At least one of the dataloaders passed to `prepare()` has `None` as batch size.)"
         )
     sizes = [int(size) for size in batch_sizes]  # type: ignore[arg-type]
     return min(sizes) if take_min else max(sizes)
@@ -389,7 +424,9 @@ def resolve_batch_sizes(
                 raise ValueError(
                     'the DeepSpeed config leaves train_micro_batch_size_per_gpu as "auto", which accel takes from '
                     "the prepared DataLoader, but none was prepared: pass the training (or evaluation) DataLoader "
-                    "to the same `prepare` call as the model, or set train_micro_batch_size_per_gpu to an integer"
+                    "to the same `prepare` call as the model, or set train_micro_batch_size_per_gpu to an integer "
+                    "(When using DeepSpeed, `prepare()` requires you to pass at least one of training or evaluation "
+                    "dataloaders with `batch_size` attribute returning an integer value.)"
                 )
         set_value(config, "train_micro_batch_size_per_gpu", micro)
     micro_now = get_value(config, "train_micro_batch_size_per_gpu")
@@ -404,6 +441,22 @@ def resolve_batch_sizes(
                 f"= {expected}"
             )
     return steps
+
+
+def missing_auto_error(keys: list[str]) -> ValueError:
+    """The error for ``"auto"`` values that ``fill_match`` / ``deepspeed_config_process`` were asked to
+    resolve but not given a value for; names every such key (the first in the documented wording, so a
+    pasted error finds its answers).
+
+    Args:
+        keys: the dotted keys still ``"auto"``, at least one.
+    """
+    first = keys[0]
+    return ValueError(
+        f'the DeepSpeed config values {keys} are "auto" but no value was given for them: `{first}` not found '
+        f"in kwargs. Please specify `{first}` without `auto` (set to correct value) in the DeepSpeed config, or "
+        "pass each of them as a keyword argument (its dotted key)"
+    )
 
 
 def unresolved_error(keys: list[str]) -> ValueError:

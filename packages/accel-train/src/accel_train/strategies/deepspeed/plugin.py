@@ -39,8 +39,8 @@ class DeepSpeedPlugin:
         gradient_accumulation_steps: Number of steps gradients are accumulated over before an optimizer step.
             Defaults to `None` (launcher value, else the Accelerator's).
         gradient_clipping: Maximum gradient norm DeepSpeed clips to. Defaults to `None` (launcher value).
-        zero_stage: ZeRO stage, `0`, `1`, `2` or `3`. Defaults to `None` (launcher value, else `2` without a
-            config file).
+        zero_stage: ZeRO stage, `0`, `1`, `2` or `3` (also as a string: `"2"` or `"zero2"`, stored as the
+            number). Defaults to `None` (launcher value, else `2` without a config file).
         is_train_batch_min: Whether, when several dataloaders are prepared, the smallest of their batch sizes gives
             ``train_batch_size`` (else the largest). Defaults to `True`.
         offload_optimizer_device: Where optimizer states are offloaded: `none`, `cpu` or `nvme` (ZeRO 2 and 3).
@@ -115,7 +115,7 @@ class DeepSpeedPlugin:
                 "zero3_save_16bit_model": ("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", None if with_file else False),
             },
         )
-        _check("zero_stage", self.zero_stage, ZERO_STAGES)
+        self.zero_stage = dsc.zero_stage_number(self.zero_stage, ZERO_STAGES)
         for name in ("offload_optimizer_device", "offload_param_device"):
             value = getattr(self, name)
             if isinstance(value, str):
@@ -137,7 +137,8 @@ class DeepSpeedPlugin:
             if "zero_optimization" not in config:
                 raise ValueError(
                     f"the DeepSpeed config {self._source()} has no `zero_optimization` section; add one "
-                    '(e.g. {"zero_optimization": {"stage": 2}})'
+                    '(e.g. {"zero_optimization": {"stage": 2}}). '
+                    "Please specify the ZeRO optimization config in the DeepSpeed config."
                 )
             config.setdefault("gradient_accumulation_steps", 1)
             # The plugin's fields (from code or the launcher) resolve the file's "auto" values; a value
@@ -245,8 +246,14 @@ class DeepSpeedPlugin:
             must_match: Whether a concrete value different from the run's counts as a contradiction.
                 Defaults to `True`.
             **kwargs: The run's values, by dotted key.
+
+        Raises:
+            ValueError: ``ds_key_long`` is ``"auto"`` in the config and not in ``kwargs`` (as documented:
+                an ``"auto"`` needs a value).
         """
         if ds_key_long not in kwargs:
+            if dsc.is_auto(self.deepspeed_config, ds_key_long):
+                raise dsc.missing_auto_error([ds_key_long])
             return
         found = dsc.fill_auto(self.deepspeed_config, {ds_key_long: kwargs[ds_key_long]}, must_match=must_match)
         if mismatches is not None:
@@ -255,8 +262,9 @@ class DeepSpeedPlugin:
     def deepspeed_config_process(
         self, prefix: str = "", mismatches: Any = None, config: Any = None, must_match: bool = True, **kwargs: Any
     ) -> None:
-        """Fill every ``"auto"`` named in ``kwargs`` (dotted keys); with ``must_match``, a concrete
-        value that differs is an error listing all of them.
+        """Fill every ``"auto"`` of the config from ``kwargs`` (dotted keys); an ``"auto"`` that
+        ``kwargs`` does not give is an error naming all of them (as documented), and, with ``must_match``,
+        so is a concrete value that differs from the run's (listing all of them).
 
         Args:
             prefix: Accepted for compatibility; the keys of ``kwargs`` are already full dotted paths.
@@ -269,14 +277,19 @@ class DeepSpeedPlugin:
             **kwargs: The run's values, by dotted key.
 
         Raises:
-            ValueError: Contradictions were found and ``mismatches`` is `None`.
+            ValueError: ``"auto"`` values were left without a value in ``kwargs``; or contradictions were
+                found and ``mismatches`` is `None`.
         """
         found = dsc.fill_auto(self.deepspeed_config, kwargs, must_match=must_match)
+        left = list(dsc.auto_keys(self.deepspeed_config))
+        if left:
+            raise dsc.missing_auto_error(left)
         if mismatches is not None:
             mismatches.extend(found)
         elif found:
             raise ValueError(
-                "the DeepSpeed config contradicts the run's settings:\n  - "
+                "the DeepSpeed config contradicts the run's settings (Please correct the following DeepSpeed "
+                "config values that mismatch kwargs values):\n  - "
                 + "\n  - ".join(found)
                 + '\nChange the config value, or set it to "auto" to take the run\'s.'
             )

@@ -103,6 +103,8 @@ class DeepSpeedStrategy(Strategy):
         self.engine_wrapper: DeepSpeedEngineWrapper | None = None
         self._engine_optimizers: dict[int, Any] = {}
         self._engine_schedulers: set[int] = set()
+        #: the active plugin's config as resolved by the last ``prepare`` of a model (``None`` before)
+        self.resolved_config: dict[str, Any] | None = None
         self._pristine: dict[int, dict[str, Any]] = {}
         self._clip_warned = False
         self._sp_mpu: Any = None
@@ -198,6 +200,7 @@ class DeepSpeedStrategy(Strategy):
         engine, ds_optimizer, ds_scheduler = self._initialize(config, model, optimizer, scheduler, mpu)
         plugin.deepspeed_config.clear()
         plugin.deepspeed_config.update(config)
+        self.resolved_config = plugin.deepspeed_config  # accelerator.deepspeed_config, as documented
         self.engines.append(engine)
         out_optimizers: list[Any] = []
         if optimizer is not None:
@@ -369,8 +372,9 @@ class DeepSpeedStrategy(Strategy):
 
     def clip_grad_norm_(  # type: ignore[override]
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float, optimizers: Iterable[Any]
-    ) -> torch.Tensor | None:
-        """The engine clips in its step (``gradient_clipping`` of the config); returns the norm it measured."""
+    ) -> float | None:
+        """The engine clips in its step (``gradient_clipping`` of the config); returns the norm it measured,
+        as a float (``None`` before the engine measured one), as documented."""
         clipping = dsc.get_value(self.plugin.deepspeed_config, "gradient_clipping", 0.0)
         if not self._clip_warned and float(clipping or 0.0) != float(max_norm):
             logger.warning(
@@ -383,14 +387,15 @@ class DeepSpeedStrategy(Strategy):
         if self.engine_wrapper is None:
             return None
         norm = self.engine_wrapper.get_global_grad_norm()
-        return None if norm is None else torch.tensor(norm)
+        return None if norm is None else float(norm)  # a Python float, as documented
 
     def clip_grad_value_(
         self, parameters: Iterable[torch.Tensor], clip_value: float, optimizers: Iterable[Any]
     ) -> None:
         raise ValueError(
             "DeepSpeed clips gradients by norm only: use `accelerator.clip_grad_norm_` and set gradient_clipping "
-            "in the DeepSpeed config"
+            "in the DeepSpeed config (DeepSpeed and FSDP do not support `clip_grad_value_`. Use `clip_grad_norm_` "
+            "instead.)"
         )
 
     # -- models and their state -----------------------------------------------------------------------
@@ -415,6 +420,8 @@ class DeepSpeedStrategy(Strategy):
             }
         if not engine.zero_gather_16bit_weights_on_model_save():
             raise ValueError(
+                "Cannot get 16bit model weights because `stage3_gather_16bit_weights_on_model_save` in DeepSpeed "
+                "config is False: "
                 "the model's weights are partitioned by ZeRO-3 and the 16-bit export is off, so the full state "
                 "dict cannot be gathered: set `zero_optimization.stage3_gather_16bit_weights_on_model_save: true` "
                 "in the DeepSpeed config (or `zero3_save_16bit_model=True` in the plugin / --zero3_save_16bit_model "

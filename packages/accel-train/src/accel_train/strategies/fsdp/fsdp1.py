@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from accel_train.strategies.fsdp.fsdp2 import warn_upcast
+from accel_train.strategies.fsdp.fsdp2 import is_quantized_parameter, warn_upcast
 
 __all__ = ["upcast_flat_parameters"]
 
@@ -19,7 +19,8 @@ def upcast_flat_parameters(model: torch.nn.Module) -> list[str]:
 
     The documented behaviour: with mixed precision, FSDP keeps float32 weights and computes in the low
     precision (FSDP2 does the same through ``fsdp2.upcast_to_float32``). Done after wrapping, on the
-    shards, so no process ever holds an unsharded float32 copy of the model.
+    shards, so no process ever holds an unsharded float32 copy of the model. A flat parameter holding a
+    quantized weight (``fsdp2.is_quantized_parameter``) is left as it is.
 
     Args:
         model: the model wrapped by ``FullyShardedDataParallel``, before its first forward.
@@ -36,6 +37,8 @@ def upcast_flat_parameters(model: torch.nn.Module) -> list[str]:
             continue
         if not flat.requires_grad:  # frozen weights are not trained: nothing to keep in float32
             continue
+        if any(is_quantized_parameter(param) for param in getattr(flat, "_params", None) or ()):
+            continue  # packed 4-bit codes (FSDP-QLoRA, use_orig_params): a cast would destroy them
         flat.data = flat.data.to(torch.float32)
         handle._orig_param_dtype = torch.float32
         if handle._use_orig_params:

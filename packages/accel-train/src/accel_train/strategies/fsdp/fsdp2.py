@@ -38,6 +38,7 @@ __all__ = [
     "apply_activation_checkpointing",
     "checkpoint_parent",
     "gradient_sync",
+    "is_quantized_parameter",
     "offload_wanted",
     "repeated_blocks",
     "restore_unsharded_gradients",
@@ -187,18 +188,36 @@ def upcast_to_float32(model: torch.nn.Module) -> list[str]:
     sharded weights, their gradients after reduction and the optimizer state stay float32 (as DeepSpeed
     keeps fp32 master weights). A model loaded in bf16 would otherwise keep bf16 master weights and lose
     every update smaller than bf16 resolves. Every parameter is looked at (not only the first: a model
-    whose first parameter is an fp32 norm is upcast too).
+    whose first parameter is an fp32 norm is upcast too), except quantized weights
+    (`is_quantized_parameter()`): their bytes are packed 4-bit codes, which a cast would destroy.
 
     Args:
         model: the model, before ``fully_shard``.
     """
     upcast = []
     for name, param in model.named_parameters():
+        if is_quantized_parameter(param):
+            continue
         if param.is_floating_point() and param.dtype != torch.float32:
             param.data = param.data.to(torch.float32)
             upcast.append(name)
     warn_upcast(upcast)
     return upcast
+
+
+def is_quantized_parameter(param: torch.Tensor) -> bool:
+    """True for a quantized weight: a bitsandbytes ``Params4bit``, or any parameter carrying a
+    ``quant_state``.
+
+    Such a weight may be stored in a floating dtype (``bnb_4bit_quant_storage=torch.bfloat16``, the layout
+    that lets FSDP shard a 4-bit model, FSDP-QLoRA), but its elements are packed 4-bit codes, not numbers:
+    casting them to float32 would break the quantized layer, so FSDP leaves them as they are. Recognised by
+    class name and attribute, so bitsandbytes is not imported.
+
+    Args:
+        param: a parameter of the model.
+    """
+    return type(param).__name__ == "Params4bit" or getattr(param, "quant_state", None) is not None
 
 
 def warn_upcast(names: Sequence[str]) -> None:
@@ -221,9 +240,10 @@ def warn_upcast(names: Sequence[str]) -> None:
 
 
 def units_of_one_dtype(model: torch.nn.Module, units: Sequence[torch.nn.Module]) -> list[torch.nn.Module]:
-    """``units`` plus, where a unit (or the root) would group parameters of several dtypes (fp32 norms in a
-    bf16 model), each module holding parameters of a dtype other than the unit's main one: FSDP2 shards a
-    unit's parameters as one flat buffer of one dtype. Returned children first.
+    """``units`` plus, where a unit (or the root) would group trained parameters of several dtypes (fp32
+    norms in a bf16 model), each module holding trained parameters of a dtype other than the unit's main
+    one: FSDP2 needs one original dtype among a unit's trained parameters (frozen ones may differ).
+    Returned children first.
 
     Args:
         model: the root module.
@@ -246,13 +266,13 @@ def units_of_one_dtype(model: torch.nn.Module, units: Sequence[torch.nn.Module])
             owners.append((module, prefix.rstrip(".") or type(module).__name__))
         sizes: dict[torch.dtype, int] = {}
         for module, _ in owners:
-            for param in module.parameters(recurse=False):
+            for param in _trained(module):
                 sizes[param.dtype] = sizes.get(param.dtype, 0) + param.numel()
         if len(sizes) < 2:
             continue
         main = max(sizes, key=lambda dtype: sizes[dtype])
         for module, name in owners:
-            own = {param.dtype for param in module.parameters(recurse=False)}
+            own = {param.dtype for param in _trained(module)}
             if len(own) > 1:
                 raise ValueError(
                     f"FSDP2 needs one dtype per sharded unit, and module {name} ({type(module).__name__}) holds "
@@ -265,6 +285,12 @@ def units_of_one_dtype(model: torch.nn.Module, units: Sequence[torch.nn.Module])
         return list(units)
     depth = {id(module): name.count(".") + 1 if name else 0 for name, module in model.named_modules()}
     return sorted([*extra, *units], key=lambda module: -depth.get(id(module), 0))
+
+
+def _trained(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters ``module`` holds itself that are trained: FSDP2 needs one dtype among those of a
+    unit only (frozen ones, such as packed 4-bit weights beside a float32 bias, are gathered as bytes)."""
+    return [param for param in module.parameters(recurse=False) if param.requires_grad]
 
 
 def _fsdp2_parameters(models: Sequence[torch.nn.Module]) -> Iterator[tuple[str, Any]]:

@@ -212,7 +212,8 @@ class FullyShardedDataParallelPlugin:
         if self.cpu_ram_efficient_loading and not self.sync_module_states:
             raise ValueError(
                 f"{_NAME}: cpu_ram_efficient_loading=True needs sync_module_states=True (ranks other than 0 start "
-                "empty and receive rank 0's weights); set sync_module_states=True"
+                "empty and receive rank 0's weights); set sync_module_states=True (Set the `sync_module_states` "
+                "flag to `True` so that model states are synced across processes when initializing FSDP object)"
             )
 
     def _check_version_only_fields(self, version: int) -> None:
@@ -276,7 +277,11 @@ class FullyShardedDataParallelPlugin:
             state_dict_type = env_value("FSDP_STATE_DICT_TYPE", default)
         name = setting_name(_parse(FSDPStateDictType, "state_dict_type", state_dict_type))
         if self.fsdp_version == 2 and name == "LOCAL_STATE_DICT":
-            raise ValueError(f"{_NAME}: state_dict_type=LOCAL_STATE_DICT is FSDP1 only; use SHARDED_STATE_DICT")
+            raise ValueError(
+                f"{_NAME}: state_dict_type=LOCAL_STATE_DICT is FSDP1 only; use SHARDED_STATE_DICT (FSDP2 does not "
+                "support LOCAL_STATE_DICT. Please set `fsdp_state_dict_type` to `SHARDED_STATE_DICT` or "
+                "`FULL_STATE_DICT`.)"
+            )
         self.state_dict_type = _torch_choice("state_dict_type", name)
         if name == "FULL_STATE_DICT":
             if self.state_dict_config is None or isinstance(self.state_dict_config, ShardedStateDictConfig):
@@ -395,4 +400,6 @@ class FullyShardedDataParallelPlugin:
                 f"{_NAME}.cpu_offload={self.cpu_offload!r} does not fit fsdp_version={self.fsdp_version}; give "
                 f"{'CPUOffload(offload_params=...)' if self.fsdp_version == 1 else 'CPUOffloadPolicy() or OffloadPolicy()'}"
                 " or a bool"
+                f" (`cpu_offload` must be an instance of `torch.distributed.fsdp.{want.__name__}` in "
+                f"FSDP{self.fsdp_version}, got {self.cpu_offload})"
             )

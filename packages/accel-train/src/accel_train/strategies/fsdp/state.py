@@ -104,11 +104,22 @@ def load_full_model_state_dict(
     _check_keys(model, result, strict, source)
 
 
+#: what bitsandbytes adds to a state dict after a 4-bit weight's name ("<weight>.absmax", ...)
+QUANT_STATE_PARTS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
+
+
+def is_quant_state_key(key: str) -> bool:
+    """True for the entries bitsandbytes saves beside a 4-bit weight (its quantization statistics, which
+    the loaded model's quantized layer already holds): not an unexpected key of a QLoRA model."""
+    last = key.rsplit(".", 2)
+    return last[-1] in QUANT_STATE_PARTS or (len(last) == 3 and last[-2] == "quant_state")
+
+
 def _check_keys(model: torch.nn.Module, result: Any, strict: bool, source: str) -> None:
     if not strict or result is None:
         return
     missing = list(getattr(result, "missing_keys", []))
-    unexpected = list(getattr(result, "unexpected_keys", []))
+    unexpected = [key for key in getattr(result, "unexpected_keys", []) if not is_quant_state_key(key)]
     if missing or unexpected:
         raise RuntimeError(
             f"{source} does not match the model {type(model).__name__}: missing keys {missing}, "

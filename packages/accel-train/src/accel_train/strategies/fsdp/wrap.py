@@ -10,7 +10,8 @@ policy                    units
 TRANSFORMER_BASED_WRAP    every submodule whose class name is in ``transformer_cls_names_to_wrap``
                           (else the model's ``_no_split_modules``)
 SIZE_BASED_WRAP           the smallest submodules holding at least ``min_num_params`` parameters
-                          not already in a unit
+                          not already in a unit; ``min_num_params=0``: none (no size-based
+                          wrapping, as documented)
 NO_WRAP / ``None``        none: the whole model is one unit
 ========================  =======================================================================
 """
@@ -103,8 +104,11 @@ def _policy_name(plugin: Any) -> str | None:
 
 
 def _size_units(model: torch.nn.Module, min_num_params: int) -> list[torch.nn.Module]:
-    """Bottom-up: a submodule becomes a unit when the parameters not yet in a unit reach the threshold."""
+    """Bottom-up: a submodule becomes a unit when the parameters not yet in a unit reach the threshold.
+    A threshold of 0 means no size-based wrapping (the documented meaning), not a unit per module."""
     units: list[torch.nn.Module] = []
+    if min_num_params <= 0:
+        return units
 
     def visit(module: torch.nn.Module) -> int:
         remaining = sum(p.numel() for p in module.parameters(recurse=False))
@@ -122,6 +126,9 @@ def _size_units(model: torch.nn.Module, min_num_params: int) -> list[torch.nn.Mo
 def wrap_units(model: torch.nn.Module, plugin: Any) -> list[torch.nn.Module]:
     """The submodules to shard as their own units, children before parents (the root excluded)."""
     policy = plugin.auto_wrap_policy
+    torch_policy = _torch_policy_units(model, policy)
+    if torch_policy is not None:
+        return torch_policy
     if callable(policy) and not isinstance(policy, str):
         # A user policy for FSDP2: a callable module -> bool.
         return [m for m in _post_order(model) if m is not model and policy(m)]
@@ -134,6 +141,23 @@ def wrap_units(model: torch.nn.Module, plugin: Any) -> list[torch.nn.Module]:
     if name == "SIZE_BASED_WRAP":
         return _size_units(model, int(plugin.min_num_params or 0))
     raise ValueError(f"unknown auto_wrap_policy {name!r}")
+
+
+def _torch_policy_units(model: torch.nn.Module, policy: Any) -> list[torch.nn.Module] | None:
+    """The units of one of torch's FSDP1 policies (what `set_auto_wrap_policy` stores: a
+    ``functools.partial`` of ``transformer_auto_wrap_policy`` or ``size_based_auto_wrap_policy``, or a
+    ``ModuleWrapPolicy``), so FSDP2 shards as FSDP1 would wrap; ``None`` for any other policy."""
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy, transformer_auto_wrap_policy
+
+    if isinstance(policy, ModuleWrapPolicy):
+        classes = tuple(policy._module_classes)
+    elif isinstance(policy, functools.partial) and policy.func is transformer_auto_wrap_policy:
+        classes = tuple(policy.keywords.get("transformer_layer_cls") or ())
+    elif isinstance(policy, functools.partial) and policy.func is size_based_auto_wrap_policy:
+        return _size_units(model, int(policy.keywords.get("min_num_params", 0)))
+    else:
+        return None
+    return [m for m in _post_order(model) if m is not model and isinstance(m, classes)]
 
 
 def _post_order(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -149,18 +173,28 @@ def _post_order(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def fsdp1_auto_wrap_policy(model: torch.nn.Module, plugin: Any) -> Callable[..., Any] | None:
-    """The ``auto_wrap_policy`` argument of FSDP1 for ``plugin`` (``None``: one unit)."""
+    """The ``auto_wrap_policy`` argument of FSDP1 for ``plugin`` (``None``: one unit).
+
+    As documented, a ``functools.partial`` of torch's policy function, whose ``func`` and ``keywords``
+    scripts inspect: ``transformer_auto_wrap_policy`` with ``transformer_layer_cls`` (a set of classes),
+    or ``size_based_auto_wrap_policy`` with ``min_num_params``; ``min_num_params=0`` is no size-based
+    wrapping (``None``).
+    """
     policy = plugin.auto_wrap_policy
     if callable(policy) and not isinstance(policy, str):
         return policy  # type: ignore[no-any-return]
     name = _policy_name(plugin)
     if name in (None, "NO_WRAP"):
         return None
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
+    from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
     if name == "TRANSFORMER_BASED_WRAP":
-        return ModuleWrapPolicy(resolve_wrap_classes(model, plugin.transformer_cls_names_to_wrap))
-    return functools.partial(size_based_auto_wrap_policy, min_num_params=int(plugin.min_num_params or 0))
+        classes = set(resolve_wrap_classes(model, plugin.transformer_cls_names_to_wrap))
+        return functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=classes)
+    min_num_params = int(plugin.min_num_params or 0)
+    if min_num_params <= 0:
+        return None
+    return functools.partial(size_based_auto_wrap_policy, min_num_params=min_num_params)
 
 
 def ignored_modules_of(model: torch.nn.Module, ignored: Any) -> list[torch.nn.Module]:
