@@ -40,8 +40,7 @@ def pool():
 
 
 def _accelerator(backend: str, base: str):
-    from accel_train import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin
-    from accel_train import ProjectConfiguration
+    from accel_train import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin, ProjectConfiguration
 
     if backend == "fsdp2":
         plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="SHARDED_STATE_DICT")

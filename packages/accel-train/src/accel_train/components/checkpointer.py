@@ -204,8 +204,8 @@ class Checkpointer:
                     self._strategy.checkpoint_io.write_manifest(tmp, manifest)
                     ckpt.publish(tmp, output_dir, self._strategy.checkpoint_entries())
                     published = True
-                except OSError as error:
-                    failure = error
+                except OSError as raised:
+                    failure = raised
             self._settle(failure, key)
         finally:
             if lock is not None:
@@ -234,8 +234,8 @@ class Checkpointer:
                 lock.acquire()
                 token = ckpt.new_save_token()
                 ckpt.begin(output_dir, token)
-            except OSError as error:
-                failure = error
+            except OSError as raised:
+                failure = raised
         if key is not None:  # the writer saves alone: nobody else takes part
             self._settle(failure, key)
             return ckpt.partial_dir(output_dir, token)
@@ -243,9 +243,9 @@ class Checkpointer:
 
         mine = [token, outcome.describe(failure)]
         everyone = [mine] if world_size("save_state") == 1 else gather_object([mine])
-        error = outcome.combined_error([described for _, described in everyone], "save_state")
-        if error is not None:
-            raise error from failure
+        combined = outcome.combined_error([described for _, described in everyone], "save_state")
+        if combined is not None:
+            raise combined from failure
         return ckpt.partial_dir(output_dir, everyone[self._writer_rank()][0])
 
     def _writer_rank(self) -> int:
