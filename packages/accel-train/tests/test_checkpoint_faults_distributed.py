@@ -20,14 +20,11 @@ import time
 
 import pytest
 import torch
+from cpu_backends import BACKENDS_BY_NAME, CPU_BACKENDS
 
-from accel_state.imports import is_deepspeed_available
-from accel_state.install_hints import install_hint
 from accel_state.testing import DistributedPool, reset_shared_state
 
 pytestmark = pytest.mark.slow
-
-BACKENDS = ["ddp", "ddp_automatic", "fsdp2", "zero2"]
 
 #: A soft file-size limit smaller than any file of a checkpoint: every write of the rank under it fails.
 FILE_SIZE_LIMIT = 512
@@ -37,23 +34,6 @@ FILE_SIZE_LIMIT = 512
 def pool():
     with DistributedPool(world_size=2, timeout=300) as opened:
         yield opened
-
-
-def _accelerator(backend: str, base: str):
-    from accel_train import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin, ProjectConfiguration
-
-    if backend == "fsdp2":
-        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="SHARDED_STATE_DICT")
-        return Accelerator(fsdp_plugin=plugin)
-    if backend == "zero2":
-        return Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
-    if backend == "ddp_automatic":  # every process in step: the save is collective, as with sharded backends
-        return Accelerator(project_config=ProjectConfiguration(project_dir=base, automatic_checkpoint_naming=True))
-    return Accelerator()
-
-
-def _state(accelerator, model) -> dict[str, torch.Tensor]:
-    return {k: v.detach().float().clone() for k, v in accelerator.get_state_dict(model).items()}
 
 
 @contextlib.contextmanager
@@ -80,9 +60,7 @@ def _fault(kind: str, rank: int, failing: int | None, base: str):
     elif kind == "disk_full":
         filler = os.path.join(base, "filler")
         if rank == 0:
-            stats = os.statvfs(base)
-            with open(filler, "wb") as handle:  # leave less free than one checkpoint needs
-                handle.write(b"\0" * max(0, stats.f_bavail * stats.f_frsize - 64 * 1024))
+            _fill(filler)
         torch.distributed.barrier()
         try:
             yield
@@ -92,6 +70,17 @@ def _fault(kind: str, rank: int, failing: int | None, base: str):
                 os.remove(filler)
     else:
         raise ValueError(kind)
+
+
+def _fill(path: str) -> None:
+    """Write ``path`` until the disk is full (the checkpoint is tiny: leave nothing free)."""
+    with open(path, "wb", buffering=0) as handle:
+        for size in (1 << 20, 1 << 16, 1 << 12, 1):
+            try:
+                while True:
+                    handle.write(b"\0" * size)
+            except OSError:
+                continue
 
 
 def _remount(base: str, mode: str, rank: int) -> None:
@@ -105,25 +94,18 @@ def rank_save_faults(backend: str, base: str, faults: list[tuple[str, int | None
     in the folder back. Returns, per fault, each rank's error, how long the failed save took, the partial
     folders left, and whether the folder still holds the first checkpoint."""
     reset_shared_state()
-    torch.manual_seed(0)
-    accelerator = _accelerator(backend, base)
+    spec = BACKENDS_BY_NAME[backend]
+    accelerator = spec.accelerator(base)
     rank = accelerator.process_index
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 1))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    data = torch.utils.data.TensorDataset(torch.randn(64, 64), torch.randn(64, 1))
-    loader = torch.utils.data.DataLoader(data, batch_size=4)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    batches = iter(loader)
+    model, optimizer = spec.prepare(accelerator)
+    steps = iter(range(100))
 
     def step() -> None:  # a step changes the weights: a new save differs from the first one
-        x, y = next(batches)
-        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
-        optimizer.step()
-        optimizer.zero_grad()
+        spec.step(accelerator, model, optimizer, next(steps))
 
     step()
     folder = accelerator.save_state(os.path.join(base, "ckpt"))
-    saved = _state(accelerator, model)
+    saved = spec.state(accelerator, model)
     results = []
     for kind, failing in faults:
         step()
@@ -138,7 +120,7 @@ def rank_save_faults(backend: str, base: str, faults: list[tuple[str, int | None
         accelerator.wait_for_everyone()
         leftovers = sorted(e for e in os.listdir(os.path.dirname(folder)) if e.endswith((".partial", ".lock")))
         accelerator.load_state(folder)
-        kept = all(torch.equal(value, saved[key]) for key, value in _state(accelerator, model).items())
+        kept = all(torch.equal(value, saved[key]) for key, value in spec.state(accelerator, model).items())
         results.append({"error": error, "errno": errno, "elapsed": elapsed, "leftovers": leftovers, "kept": kept})
     reset_shared_state()
     return results
@@ -153,10 +135,11 @@ REASONS = {"file_size": "File too large", "read_only": "Read-only file system", 
 
 
 @pytest.mark.parametrize("group", sorted(FAULTS))
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [backend.name for backend in CPU_BACKENDS])
 def test_a_failed_write_raises_the_same_named_error_on_every_process(pool, tmp_path, backend: str, group: str) -> None:
-    if backend == "zero2" and not is_deepspeed_available():
-        pytest.skip(f"needs DeepSpeed: {install_hint('accel-train', 'deepspeed')}")
+    missing = BACKENDS_BY_NAME[backend].requires()
+    if missing:
+        pytest.skip(missing)
     base = str(tmp_path / "disk")
     faults = FAULTS[group]
     mounted = group == "whole_folder" and _mount(base)

@@ -110,9 +110,12 @@ class FolderLock:
                     ) from None
                 time.sleep(pause)
                 pause = min(pause * 2, 0.5)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
         self._fd = fd
+        try:  # who holds it, for the message of a writer that gives up waiting (best effort: a full disk)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        except OSError:
+            pass
 
     def release(self) -> None:
         """Let the next writer in (nothing happens when the lock is not held)."""

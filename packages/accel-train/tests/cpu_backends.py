@@ -1,0 +1,147 @@
+"""The backends that train for real on CPU, as one table for the tests that must hold for every backend.
+
+Each entry builds an Accelerator for the backend (inside a rank of a 2-process
+`accel_state.testing.DistributedPool`), a small model the backend can take, one training step and the
+state a checkpoint must bring back. A test parametrized over `CPU_BACKENDS` runs its case on every
+backend; a backend added here gets every such test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from fsdp_helpers import BlockNet
+
+from accel_state.imports import is_deepspeed_available
+from accel_state.install_hints import install_hint
+
+
+class PlannedBlockNet(BlockNet):
+    """The block model with a tensor-parallel plan (for ``tp_size`` > 1)."""
+
+    tp_plan = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"}
+
+
+def _mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(out, target)
+
+
+@dataclass(frozen=True)
+class CpuBackend:
+    """One backend as the tests drive it.
+
+    Args:
+        name: the test id.
+        kwargs: what the Accelerator is given (built lazily: the plugins import torch.distributed parts).
+        pipeline: whether the model is a pipeline (forward takes the target and returns the loss).
+        requires: why the backend cannot run here, or ``None`` when it can.
+    """
+
+    name: str
+    kwargs: Callable[[str], dict[str, Any]]
+    pipeline: bool = False
+    requires: Callable[[], str | None] = lambda: None
+
+    def accelerator(self, base: str) -> Any:
+        from accel_train import Accelerator
+
+        return Accelerator(**self.kwargs(base))
+
+    def model(self) -> torch.nn.Module:
+        torch.manual_seed(0)
+        if self.pipeline:
+            return torch.nn.Sequential(
+                torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)
+            )
+        return PlannedBlockNet()
+
+    def prepare(self, accelerator: Any) -> tuple[Any, Any]:
+        """The prepared model and AdamW (a data loader is prepared beside them, as DeepSpeed takes its
+        batch size from it; the tests feed batches of 4 themselves, the same on every process)."""
+        model = self.model()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+        if self.pipeline:
+            return tuple(accelerator.prepare(model, optimizer))  # type: ignore[return-value]
+        data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+        model, optimizer, _ = accelerator.prepare(model, optimizer, torch.utils.data.DataLoader(data, batch_size=4))
+        return model, optimizer
+
+    def step(self, accelerator: Any, model: Any, optimizer: Any, index: int) -> None:
+        """One optimizer step on batch ``index`` (the same batch on every process)."""
+        generator = torch.Generator().manual_seed(100 + index)
+        x = torch.randn(4, 4, generator=generator)
+        accelerator.backward(self.loss(model, x, x.sum(dim=1, keepdim=True).sin()))
+        optimizer.step()
+        optimizer.zero_grad()
+
+    def loss(self, model: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return model(x, target=y) if self.pipeline else _mse(model(x), y)
+
+    def state(self, accelerator: Any, model: Any) -> dict[str, torch.Tensor]:
+        """What a checkpoint must bring back, comparable between two moments of the same run."""
+        if self.pipeline:  # each stage's own parameters
+            return {name: p.detach().clone() for name, p in model.named_parameters()}
+        return {k: v.detach().float().clone() for k, v in accelerator.get_state_dict(model).items()}
+
+
+def _deepspeed_missing() -> str | None:
+    return None if is_deepspeed_available() else f"needs DeepSpeed: {install_hint('accel-train', 'deepspeed')}"
+
+
+def _fsdp(version: int) -> Callable[[str], dict[str, Any]]:
+    def kwargs(base: str) -> dict[str, Any]:
+        from accel_train import FullyShardedDataParallelPlugin
+
+        plugin = FullyShardedDataParallelPlugin(
+            fsdp_version=version, state_dict_type="SHARDED_STATE_DICT", auto_wrap_policy="TRANSFORMER_BASED_WRAP"
+        )
+        return {"fsdp_plugin": plugin}
+
+    return kwargs
+
+
+def _zero(stage: int) -> Callable[[str], dict[str, Any]]:
+    def kwargs(base: str) -> dict[str, Any]:
+        from accel_train import DeepSpeedPlugin
+
+        return {"deepspeed_plugin": DeepSpeedPlugin(zero_stage=stage, zero3_save_16bit_model=stage == 3)}
+
+    return kwargs
+
+
+def _automatic(base: str) -> dict[str, Any]:
+    from accel_train import ProjectConfiguration
+
+    return {"project_config": ProjectConfiguration(project_dir=base, automatic_checkpoint_naming=True)}
+
+
+def _parallelism(**sizes: Any) -> Callable[[str], dict[str, Any]]:
+    def kwargs(base: str) -> dict[str, Any]:
+        from accel_train import PipelineParallelConfig
+        from accel_train.parallelism_config import ParallelismConfig
+
+        given = dict(sizes)
+        if given.get("pp_size", 1) > 1:
+            given["pp_handler"] = PipelineParallelConfig(num_microbatches=2, loss_fn=_mse)
+        return {"parallelism_config": ParallelismConfig(**given)}
+
+    return kwargs
+
+
+#: Every backend that trains on 2 CPU processes. ``ddp`` saves into an explicit folder, where the main
+#: process writes alone (as documented); ``ddp_automatic`` keeps every process in step (automatic naming).
+CPU_BACKENDS: list[CpuBackend] = [
+    CpuBackend("ddp", lambda base: {}),
+    CpuBackend("ddp_automatic", _automatic),
+    CpuBackend("fsdp1", _fsdp(1)),
+    CpuBackend("fsdp2", _fsdp(2)),
+    CpuBackend("zero1", _zero(1), requires=_deepspeed_missing),
+    CpuBackend("zero2", _zero(2), requires=_deepspeed_missing),
+    CpuBackend("zero3", _zero(3), requires=_deepspeed_missing),
+    CpuBackend("tp", _parallelism(tp_size=2)),
+    CpuBackend("pipeline", _parallelism(pp_size=2), pipeline=True),
+]
+BACKENDS_BY_NAME = {backend.name: backend for backend in CPU_BACKENDS}
