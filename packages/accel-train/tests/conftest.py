@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
+import torch
 
 from accel_state.testing import DistributedPool, reset_shared_state
 
@@ -36,4 +37,33 @@ def _fresh_state() -> Iterator[None]:
     """Each test starts and ends with no shared state in this process."""
     reset_shared_state()
     yield
+    reset_shared_state()
+
+
+def _step(accelerator, model, optimizer, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(8, 6, generator=generator), torch.randn(8, 2, generator=generator)
+    accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+@pytest.fixture
+def saved(tmp_path) -> Iterator[tuple]:
+    """``(accelerator, model, optimizer, folder)`` of one process: a checkpoint saved after one step, then
+    one more step, and the torch generator moved on (the live state differs from the saved one everywhere)."""
+    reset_shared_state()
+    from accel_train import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    _step(accelerator, model, optimizer, 1)
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+    _step(accelerator, model, optimizer, 2)
+    torch.manual_seed(123)
+    yield accelerator, model, optimizer, folder
     reset_shared_state()

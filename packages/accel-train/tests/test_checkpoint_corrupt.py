@@ -30,33 +30,6 @@ class Exploit:
         return (os.system, (f"touch {self.marker}",))
 
 
-def _step(accelerator, model, optimizer, seed: int) -> None:
-    generator = torch.Generator().manual_seed(seed)
-    x, y = torch.randn(8, 6, generator=generator), torch.randn(8, 2, generator=generator)
-    accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
-    optimizer.step()
-    optimizer.zero_grad()
-
-
-@pytest.fixture
-def saved(tmp_path):
-    """``(accelerator, model, optimizer, folder)``: a checkpoint saved after one step, then one more step."""
-    reset_shared_state()
-    from accel_train import Accelerator
-
-    accelerator = Accelerator(cpu=True)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    _step(accelerator, model, optimizer, 1)
-    folder = str(tmp_path / "ckpt")
-    accelerator.save_state(folder)
-    _step(accelerator, model, optimizer, 2)
-    yield accelerator, model, optimizer, folder
-    reset_shared_state()
-
-
 def _snapshot(model, optimizer) -> tuple[dict, dict]:
     params = {name: value.detach().clone() for name, value in model.state_dict().items()}
     state = {

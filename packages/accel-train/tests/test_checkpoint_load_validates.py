@@ -18,35 +18,6 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from accel_state.errors import CorruptCheckpointError
-from accel_state.testing import reset_shared_state
-
-
-def _step(accelerator, model, optimizer, seed: int) -> None:
-    generator = torch.Generator().manual_seed(seed)
-    x, y = torch.randn(8, 6, generator=generator), torch.randn(8, 2, generator=generator)
-    accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
-    optimizer.step()
-    optimizer.zero_grad()
-
-
-@pytest.fixture
-def saved(tmp_path):
-    """``(accelerator, model, optimizer, folder)``: saved after one step, then trained one more step."""
-    reset_shared_state()
-    from accel_train import Accelerator
-
-    accelerator = Accelerator(cpu=True)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    _step(accelerator, model, optimizer, 1)
-    folder = str(tmp_path / "ckpt")
-    accelerator.save_state(folder)
-    _step(accelerator, model, optimizer, 2)
-    torch.manual_seed(123)  # the live generator differs from the saved one
-    yield accelerator, model, optimizer, folder
-    reset_shared_state()
 
 
 def _rewrite(path: str, change) -> None:  # type: ignore[no-untyped-def]
