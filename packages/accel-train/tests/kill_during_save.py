@@ -61,7 +61,8 @@ def _install_killer(counter: StepCounter) -> None:
     import safetensors.torch
     import torch.distributed.checkpoint as dcp
 
-    from accel_train import checkpoint_io, checkpointing
+    from accel_train import checkpointing
+    from accel_train.checkpoint import file_io as checkpoint_io
 
     for owner, name in [
         (checkpoint_io, "save_torch"),
@@ -115,7 +116,7 @@ def _classify_state(folder: str) -> str:
 
 
 def _classify_merge(output: str) -> str:
-    from accel_train.checkpoint_io import load_weights
+    from accel_train.checkpoint.file_io import load_weights
 
     index_path = os.path.join(output, "model.safetensors.index.json")
     with open(index_path, encoding="utf-8") as handle:

@@ -181,7 +181,7 @@ def test_raw_pickle_planted_as_a_torch_file_stays_unsafe(saved, tmp_path) -> Non
 def test_module_level_readers_name_damaged_files(tmp_path) -> None:
     """The single-file readers used outside ``load_state`` (``load_weights``, ``load_torch``, ``load_rng``,
     ``read_manifest``) say the same."""
-    from accel_train.checkpoint_io import (
+    from accel_train.checkpoint.file_io import (
         MANIFEST_NAME,
         load_rng,
         load_torch,

@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 
 from accel_state.errors import UnsafeCheckpointError
-from accel_train.checkpoint_safety import read_dcp_metadata
+from accel_train.checkpoint.safety import read_dcp_metadata
 
 
 class LyingPath:

@@ -133,7 +133,7 @@ def test_sharded_folder_linked_outside_the_checkpoint_is_refused(saved, tmp_path
     import torch.distributed.checkpoint as dcp
 
     from accel_state.errors import UnsafeCheckpointError
-    from accel_train.checkpoint_io import CheckpointIO
+    from accel_train.checkpoint.file_io import CheckpointIO
     from accel_train.checkpointing import check_folder
 
     _, _, _, folder = saved

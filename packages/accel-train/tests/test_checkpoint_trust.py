@@ -177,8 +177,8 @@ def test_dcp_items_are_read_as_torch_reads_them(tmp_path) -> None:
 
     from torch.distributed.checkpoint.utils import _create_file_view
 
-    from accel_train.checkpoint_io import CheckpointIO
-    from accel_train.checkpoint_safety import _zip_pickle, read_dcp_metadata
+    from accel_train.checkpoint.file_io import CheckpointIO
+    from accel_train.checkpoint.safety import _zip_pickle, read_dcp_metadata
 
     accelerator = _accelerator(True)
     _trained(accelerator)
@@ -290,7 +290,7 @@ def _save(folder: str, seed: int, limit: int | None = None) -> str:
 
 
 def _weights(folder: str) -> torch.Tensor:
-    from accel_train.checkpoint_io import load_weights
+    from accel_train.checkpoint.file_io import load_weights
 
     return load_weights(os.path.join(folder, "model.safetensors"))["weight"]
 
@@ -460,7 +460,7 @@ def test_a_planted_metadata_turns_no_engine_check_off(tmp_path) -> None:
     ``test_checkpoint_trust_distributed.py``): the kind of a folder comes from the layout, so a DCP
     ``.metadata`` in an engine folder is refused by name instead of making the check skip its ``.pt`` files,
     by the load check and by merge-weights on the save_state folder or the engine folder."""
-    from accel_train.checkpoint_io import CheckpointIO
+    from accel_train.checkpoint.file_io import CheckpointIO
     from accel_train.checkpointing import check_folder
     from accel_train.commands.merge import main
 

@@ -522,7 +522,7 @@ def test_fsdp2_upcasts_a_bf16_model_under_mixed_precision(pools, tmp_path) -> No
     """A model loaded in bf16 trained with mixed_precision="bf16": FSDP2 keeps float32 weights and optimizer
     state (as documented, with a warning), so it trains exactly as the same model upcast by hand, and like DDP
     of the upcast model; checkpoints hold float32."""
-    from accel_train.checkpoint_safety import read_dcp_metadata
+    from accel_train.checkpoint.safety import read_dcp_metadata
 
     fsdp = pools(2).run(rank_fsdp2_case, "fsdp2", "upcast", str(tmp_path / "fsdp"))[0]
     by_hand = pools(2).run(rank_fsdp2_case, "fsdp2_fp32", "upcast", str(tmp_path / "by_hand"))[0]
@@ -632,7 +632,7 @@ def rank_run_checks(same_files: bool) -> dict:
 
     from accel_state.errors import UnsafeCheckpointError
     from accel_state.state import PartialState
-    from accel_train.checkpoint_safety import run_checks
+    from accel_train.checkpoint.safety import run_checks
 
     reset_shared_state()
     PartialState()  # the process group

@@ -131,7 +131,7 @@ def _wait_for(paths: list[str], writers: list[subprocess.Popen], deadline: float
 
 def _whole_checkpoint(folder: str) -> tuple[int, int]:
     """(writer, round) of the checkpoint in ``folder``; fails unless every file is from one save."""
-    from accel_train.checkpoint_io import load_torch, load_weights
+    from accel_train.checkpoint.file_io import load_torch, load_weights
 
     weights = load_weights(os.path.join(folder, "model.safetensors"))
     values = {float(v) for tensor in weights.values() for v in tensor.unique()}

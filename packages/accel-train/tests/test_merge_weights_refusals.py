@@ -110,7 +110,7 @@ def _declare(folder: str, name: str, size: int, chunk_size: int) -> None:
 @pytest.mark.parametrize("chunk", ["whole", "small"])
 def test_huge_declared_tensor_is_refused_before_allocating(tmp_path, capsys, chunk: str) -> None:
     from accel_state.errors import CorruptCheckpointError
-    from accel_train.checkpoint_safety import read_dcp_metadata
+    from accel_train.checkpoint.safety import read_dcp_metadata
 
     folder = str(tmp_path / "pytorch_model_fsdp_0")
     _dcp_folder(folder)

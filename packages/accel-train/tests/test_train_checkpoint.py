@@ -403,7 +403,7 @@ def test_fp16_scaler_state_is_saved(tmp_path) -> None:
 
 
 def test_views_of_one_buffer_are_stored_separately(tmp_path) -> None:
-    from accel_train import checkpoint_io as io
+    from accel_train.checkpoint import file_io as io
 
     flat = torch.arange(10.0)
     state = {"a": flat[:4].view(2, 2), "b": flat[4:], "tied": flat[:4].view(2, 2)}

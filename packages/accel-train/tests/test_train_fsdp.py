@@ -243,7 +243,7 @@ def _one_process(tmp_path, state_dict_type: str):
 
 
 def test_one_process_sharded_save_load_and_merge(tmp_path) -> None:
-    from accel_train.checkpoint_io import load_weights
+    from accel_train.checkpoint.file_io import load_weights
     from accel_train.commands.merge import main as merge_main
 
     accelerator, model, optimizer = _one_process(tmp_path, "SHARDED_STATE_DICT")

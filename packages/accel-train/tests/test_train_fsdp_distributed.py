@@ -313,7 +313,7 @@ def test_training_equals_ddp(
 @pytest.mark.parametrize("version", [1, 2])
 def test_sharded_checkpoint_resume_and_merge(dist_pool: DistributedPool, tmp_path, version: int) -> None:
     from accel_train import merge_fsdp_weights
-    from accel_train.checkpoint_io import load_weights
+    from accel_train.checkpoint.file_io import load_weights
 
     plugin = {
         "fsdp_version": version,

@@ -207,7 +207,7 @@ def test_a_full_checkpoint_in_the_reference_release_layout_loads(tmp_path, versi
     after_save = _accel_steps(accelerator, model, optimizer, batches[2:])
 
     # rewrite the model and optimizer files as the reference release names and writes them
-    from accel_train.checkpoint_io import load_weights
+    from accel_train.checkpoint.file_io import load_weights
 
     weights = load_weights(str(folder / "model.safetensors"))
     (folder / "model.safetensors").unlink()

@@ -236,7 +236,7 @@ def rank_train_sharded_save_full(version: int, folder: str) -> dict:
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_train_sharded_then_save_the_final_model_full(dist_pool: DistributedPool, tmp_path, version: int) -> None:
-    from accel_train.checkpoint_io import load_weights
+    from accel_train.checkpoint.file_io import load_weights
 
     results = dist_pool.run(rank_train_sharded_save_full, version, str(tmp_path))
     assert [r["policy"] for r in results] == [("MixedPrecision" if version == 1 else "MixedPrecisionPolicy")] * 2

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from accel_train.checkpoint_io import load, save
+from accel_train.checkpoint.file_io import load, save
 
 
 def test_save_logs_the_shared_tensors_it_removes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     weight = torch.arange(6.0).reshape(2, 3)
     state = {"embed.weight": weight, "head.weight": weight, "bias": torch.ones(2)}
-    with caplog.at_level(logging.WARNING, logger="accel_train.checkpoint_io"):
+    with caplog.at_level(logging.WARNING, logger="accel_train.checkpoint.file_io"):
         save(state, tmp_path / "model.safetensors", safe_serialization=True)
     assert "Removed shared tensor" in caplog.text and "head.weight" in caplog.text
     loaded = load(tmp_path / "model.safetensors")
@@ -22,7 +22,7 @@ def test_save_logs_the_shared_tensors_it_removes(tmp_path: Path, caplog: pytest.
     assert torch.equal(loaded["head.weight"], weight)
 
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="accel_train.checkpoint_io"):
+    with caplog.at_level(logging.WARNING, logger="accel_train.checkpoint.file_io"):
         save({"a": torch.ones(1), "b": torch.zeros(1)}, tmp_path / "plain.safetensors", safe_serialization=True)
     assert "Removed shared tensor" not in caplog.text
 

@@ -125,7 +125,7 @@ def test_another_number_of_parameter_groups_is_refused_by_name() -> None:
 
 def test_the_folder_checks_look_into_the_entries_of_the_strategy_that_reads(tmp_path) -> None:
     from accel_state.errors import UnsafeCheckpointError
-    from accel_train.checkpoint_io import CheckpointIO
+    from accel_train.checkpoint.file_io import CheckpointIO
     from accel_train.checkpointing import check_folder
     from accel_train.strategies.pipeline.strategy import CHECKPOINT_ENTRIES
 

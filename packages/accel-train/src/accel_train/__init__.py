@@ -109,7 +109,7 @@ _export(
     "BackendNotAvailableError",
 )
 _export("checkpointing", "CheckpointMismatchError")
-_export("checkpoint_io", "UnsafeCheckpointError")
+_export("checkpoint.file_io", "UnsafeCheckpointError")
 _export("checkpoint.integrity", "CorruptCheckpointError")
 _export("weights.unloaded", "UnloadedWeightsError")
 _export("strategies.fsdp.merge", "merge_fsdp_weights")
@@ -183,7 +183,7 @@ META_UTILS_MODULES: tuple[str, ...] = (
     "strategies.megatron",
 )
 #: ... these names of other modules (name -> module) ...
-META_UTILS_EXTRA: dict[str, str] = {"save": "checkpoint_io", "load": "checkpoint_io"}
+META_UTILS_EXTRA: dict[str, str] = {"save": "checkpoint.file_io", "load": "checkpoint.file_io"}
 #: ... and every name of these modules' ``__all__`` that this package defines (``accel.utils.other``).
 META_UTILS_ALL_OF: tuple[str, ...] = ("other",)
 #: Documented module paths -> the module of this package behind each.

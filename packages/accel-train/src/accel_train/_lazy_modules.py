@@ -22,6 +22,6 @@ class _LazyModule:
         return getattr(self._module, attr)
 
 
-checkpoint_io: Any = _LazyModule("accel_train.checkpoint_io")
+checkpoint_file_io: Any = _LazyModule("accel_train.checkpoint.file_io")
 checkpointing: Any = _LazyModule("accel_train.checkpointing")
 preemption: Any = _LazyModule("accel_train.preemption")

@@ -5,7 +5,7 @@ by one save at a time: `accel_train.checkpoint.folder_lock`) and renamed into pl
 once every process has finished its files, so a process killed during ``save_state`` leaves the
 previous checkpoint intact and nothing that ``load_state`` would pick. ``total_limit`` removes older
 checkpoints only after the new one is complete. Loading never unpickles objects (see
-`accel_train.checkpoint_io` for the formats) and checks that the folder holds what this
+`accel_train.checkpoint.file_io` for the formats) and checks that the folder holds what this
 Accelerator prepared, listing what is missing or extra.
 """
 
@@ -430,7 +430,7 @@ def check_folder(
     from accel_bigmodel.confine import allowed_root, check_confined
     from accel_train.checkpoint.integrity import check_rng_file, check_weights_file
     from accel_train.checkpoint.layout import DCP_FOLDER_RE, engine_torch_files, torch_files
-    from accel_train.checkpoint_safety import run_checks
+    from accel_train.checkpoint.safety import run_checks
 
     patterns = [_READ_FOLDER_RE, *_entry_patterns(entries)]
     sharded_patterns = [DCP_FOLDER_RE, *_entry_patterns(entries, sharded_only=True)]
@@ -762,7 +762,7 @@ def save_custom_state(obj: Any, path: str | os.PathLike[str], index: int = 0, sa
 
     ``save_on_each_node`` is accepted for compatibility: the caller decides which process calls it.
     """
-    from accel_train.checkpoint_io import CheckpointIO
+    from accel_train.checkpoint.file_io import CheckpointIO
 
     os.makedirs(os.fspath(path), exist_ok=True)
     CheckpointIO().save_object(obj.state_dict(), os.path.join(os.fspath(path), custom_file(index)))
@@ -770,6 +770,6 @@ def save_custom_state(obj: Any, path: str | os.PathLike[str], index: int = 0, sa
 
 def load_custom_state(obj: Any, path: str | os.PathLike[str], index: int = 0) -> None:
     """Restore ``obj`` from ``<path>/custom_checkpoint_<index>.pkl`` (never unpickling objects)."""
-    from accel_train.checkpoint_io import CheckpointIO
+    from accel_train.checkpoint.file_io import CheckpointIO
 
     obj.load_state_dict(CheckpointIO().load_object(os.path.join(os.fspath(path), custom_file(index))))

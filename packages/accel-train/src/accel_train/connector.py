@@ -246,7 +246,7 @@ def build(
         scaler_factory=strategy_cls.grad_scaler_factory() if strategy_cls is not None else None,
         handlers=handlers,
     )
-    from accel_train.checkpoint_io import CheckpointIO
+    from accel_train.checkpoint.file_io import CheckpointIO
 
     checkpoint_io = CheckpointIO()
     strategy: Strategy

@@ -22,7 +22,7 @@ from accel_state.environment import check_os_kernel
 from accel_state.logging import get_logger
 from accel_state.operations import CannotPadNestedTensorWarning
 from accel_train import wrappers
-from accel_train.checkpoint_io import load, save
+from accel_train.checkpoint.file_io import load, save
 
 logger = get_logger(__name__)
 

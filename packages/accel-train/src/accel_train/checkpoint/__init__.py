@@ -1,9 +1,12 @@
-"""Checkpoint files: what may be loaded.
+"""The checkpoint package: how each file of a checkpoint is written and read, and what may be loaded.
 
 ``integrity``: a damaged file (cut short, garbled) is found before anything is loaded and reported as
 `CorruptCheckpointError`, told apart from a crafted one. ``numbering``: which
 ``checkpoint_<n>`` an automatic save writes, and when it must stop instead. ``layout``: which backend
 reads which folder of a checkpoint (by its name), and the files a DeepSpeed engine folder's loaders
-open. The other checkpoint modules (``checkpoint_io``, ``checkpoint_safety``, ``checkpointing``) still
-stand at the package root; this package is where they are to gather (issue 35: one checkpoint package).
+open. ``file_io``: how each file of a checkpoint is written and read (``CheckpointIO``), never unpickling
+code. ``safety``: what a pickle in a checkpoint may name (allow-lists, the DCP reader that applies them).
+``folder_lock``: one writer at a time per folder. ``outcome``: every process of a save raises the same
+error. ``checkpointing`` (the folder's life and the walk over the objects) still stands at the package
+root, where the documented module functions live.
 """

@@ -108,7 +108,7 @@ def torch_load_failure(
     if damaged is not None:
         return damaged
     if is_weights_only_error(error):
-        from accel_train.checkpoint_safety import unsafe_found
+        from accel_train.checkpoint.safety import unsafe_found
 
         return UnsafeCheckpointError(
             path, unsafe_found(error, pickled if pickled is not None else _read_start(path, stream))
@@ -141,7 +141,7 @@ def check_rng_file(path: str, rng_format: str = "accel-rng-1") -> dict[str, str]
 
     Args:
         path: the RNG state file.
-        rng_format: the ``format`` of accel's RNG files (``checkpoint_io.RNG_FORMAT``).
+        rng_format: the ``format`` of accel's RNG files (``file_io.RNG_FORMAT``).
 
     Raises:
         CorruptCheckpointError: the file or the states in its header are damaged.

@@ -3,7 +3,7 @@
 A save is a sequence of writes on every process with collectives between them (a sharded folder is
 written by all ranks together). If one rank raised at its first failed write, the others would wait
 for it in the next collective forever. So while a save runs, a failed write is *recorded* instead of
-raised (`collecting()`; `accel_train.checkpoint_io.writing` records into it), the rank goes on
+raised (`collecting()`; `accel_train.checkpoint.file_io.writing` records into it), the rank goes on
 through the same collectives as the others, and at each step's end `agree()` exchanges every rank's
 first failure in one collective: every rank raises the same ``OSError`` (errno, path, reason and the
 rank where it happened), or none does.

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from accel_train._lazy_modules import checkpoint_io as io
+from accel_train._lazy_modules import checkpoint_file_io as io
 from accel_train._lazy_modules import checkpointing as ckpt
 from accel_train._lazy_modules import preemption
 from accel_train.checkpoint import numbering, outcome

@@ -38,7 +38,7 @@ from accel_train.precisions.base import Precision
 from accel_train.wrappers import compile_model, unwrap_model
 
 if TYPE_CHECKING:
-    from accel_train.checkpoint_io import CheckpointIO
+    from accel_train.checkpoint.file_io import CheckpointIO
 
 __all__ = [
     "CheckpointEntry",
@@ -192,7 +192,7 @@ class Strategy:
     def checkpoint_io(self) -> CheckpointIO:
         """The object that writes and reads checkpoint files (built on first use)."""
         if self._checkpoint_io is None:
-            from accel_train.checkpoint_io import CheckpointIO
+            from accel_train.checkpoint.file_io import CheckpointIO
 
             self._checkpoint_io = CheckpointIO()
         return self._checkpoint_io
@@ -455,7 +455,7 @@ class Strategy:
         Args:
             models: the prepared models, in order.
         """
-        from accel_train.checkpoint_io import accumulated_gradients
+        from accel_train.checkpoint.file_io import accumulated_gradients
 
         return accumulated_gradients([self.unwrap_model(m, keep_torch_compile=False) for m in models])
 
@@ -466,7 +466,7 @@ class Strategy:
             models: the prepared models, in order.
             grads: the saved gradients, or ``None``.
         """
-        from accel_train.checkpoint_io import restore_gradients
+        from accel_train.checkpoint.file_io import restore_gradients
 
         restore_gradients([self.unwrap_model(m, keep_torch_compile=False) for m in models], grads)
 

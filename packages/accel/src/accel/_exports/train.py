@@ -79,7 +79,7 @@ UTILS: dict[str, str] = {
     "install_xla": "accel_train.other",
     "is_compiled_module": "accel_train.other",
     "is_peft_model": "accel_train.other",
-    "load": "accel_train.checkpoint_io",
+    "load": "accel_train.checkpoint.file_io",
     "load_fsdp_model": "accel_train.strategies.fsdp.utils",
     "load_fsdp_optimizer": "accel_train.strategies.fsdp.utils",
     "map_pytorch_optim_to_deepspeed": "accel_train.strategies.deepspeed.utils",
@@ -87,7 +87,7 @@ UTILS: dict[str, str] = {
     "merge_fsdp_weights": "accel_train.strategies.fsdp.merge",
     "model_has_dtensor": "accel_train.other",
     "recursive_getattr": "accel_train.other",
-    "save": "accel_train.checkpoint_io",
+    "save": "accel_train.checkpoint.file_io",
     "save_fsdp_model": "accel_train.strategies.fsdp.utils",
     "save_fsdp_optimizer": "accel_train.strategies.fsdp.utils",
 }

@@ -19,7 +19,7 @@ import importlib
 import os
 from typing import Any
 
-from accel_train.checkpoint_io import CheckpointIO
+from accel_train.checkpoint.file_io import CheckpointIO
 
 __all__ = ["DEEPSPEED_CHECKPOINT_GLOBALS", "DeepSpeedCheckpointIO"]
 
@@ -49,7 +49,7 @@ class DeepSpeedCheckpointIO(CheckpointIO):
 
     def check_file(self, path: str) -> None:
         """Refuse a ``.pt`` file naming any global but tensors, plain values and DeepSpeed's checkpoint types."""
-        from accel_train.checkpoint_safety import check_torch_file
+        from accel_train.checkpoint.safety import check_torch_file
 
         check_torch_file(path, _resolve(DEEPSPEED_CHECKPOINT_GLOBALS))
 

@@ -30,7 +30,7 @@ import torch
 
 from accel_state.enums import PrecisionType
 from accel_train import checkpointing as ckpt
-from accel_train.checkpoint_io import writing
+from accel_train.checkpoint.file_io import writing
 from accel_train.precisions.base import Precision
 from accel_train.precisions.fp8 import EngineFP8Precision
 from accel_train.strategies.base import CheckpointEntry, Prepared, Strategy
@@ -94,7 +94,7 @@ class DeepSpeedStrategy(Strategy):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        from accel_train.checkpoint_io import CheckpointIO
+        from accel_train.checkpoint.file_io import CheckpointIO
         from accel_train.strategies.deepspeed.checkpoint import DeepSpeedCheckpointIO
 
         if self._checkpoint_io is None or type(self._checkpoint_io) is CheckpointIO:

@@ -86,7 +86,7 @@ def merge_fsdp_weights(
     name = model_file(0, safe_serialization)
     target = os.path.join(output_path, name)
     if writer:
-        from accel_train.checkpoint_io import CheckpointIO
+        from accel_train.checkpoint.file_io import CheckpointIO
 
         if deepspeed_dir is not None:
             from accel_train.strategies.deepspeed.merge import read_deepspeed_weights
@@ -151,7 +151,7 @@ def _write_atomically(
     files of ``output_path`` (a ``config.json``) move into the new folder. Returns the written file (or index).
     """
     from accel_train import checkpointing
-    from accel_train.checkpoint_io import writing
+    from accel_train.checkpoint.file_io import writing
 
     output_path = os.path.abspath(output_path)
     parent = os.path.dirname(output_path)
@@ -169,7 +169,7 @@ def _write_atomically(
             index = target + ".index.json"
             target = index if os.path.isfile(index) else target
         else:
-            from accel_train import checkpoint_io as io
+            from accel_train.checkpoint import file_io as io
 
             io.save_weights(state_dict, target, safe_serialization=safe_serialization)
         _fsync_folder(tmp)

@@ -184,7 +184,7 @@ def _io(io: Any) -> Any:
     """The checkpoint I/O that reads and writes the DCP folders (the strategy's, or a default one)."""
     if io is not None:
         return io
-    from accel_train.checkpoint_io import CheckpointIO
+    from accel_train.checkpoint.file_io import CheckpointIO
 
     return CheckpointIO()
 
@@ -223,7 +223,7 @@ def save_sharded_model(model: torch.nn.Module, checkpoint_dir: str, local: bool 
     """
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    from accel_train.checkpoint_io import writing
+    from accel_train.checkpoint.file_io import writing
 
     with writing(checkpoint_dir):
         os.makedirs(checkpoint_dir, exist_ok=True)
@@ -312,7 +312,7 @@ def _local_tensor(value: Any) -> Any:
 def _save_local(model: torch.nn.Module, checkpoint_dir: str) -> None:
     from safetensors.torch import save_file
 
-    from accel_train.checkpoint_io import writing
+    from accel_train.checkpoint.file_io import writing
 
     with _local_state_dict(model, True):
         state = {k: _local_tensor(v).detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}

@@ -105,7 +105,7 @@ def save_fsdp_model(
     weights = fsdp_state.full_model_state_dict(_inner(model))
     path = os.path.join(output_dir, _model_file(model_index))
     if accelerator.is_main_process:
-        from accel_train.checkpoint_io import save_weights
+        from accel_train.checkpoint.file_io import save_weights
 
         save_weights(weights, path)
     accelerator.wait_for_everyone()
@@ -131,7 +131,7 @@ def load_fsdp_model(
     if os.path.isfile(os.path.join(input_dir, ".metadata")):
         fsdp_state.load_sharded_model(_inner(model), input_dir, local=_local(fsdp_plugin))
         return
-    from accel_train.checkpoint_io import load_weights
+    from accel_train.checkpoint.file_io import load_weights
 
     path = os.path.join(input_dir, _model_file(model_index))
     fsdp_state.load_full_model_state_dict(_inner(model), load_weights(path), source=path)
@@ -191,7 +191,7 @@ def load_fsdp_optimizer(
     if os.path.isdir(folder):
         fsdp_state.load_sharded_optimizer(_inner(model), _raw_optimizer(optimizer), folder)
         return
-    from accel_train.checkpoint_io import load_torch
+    from accel_train.checkpoint.file_io import load_torch
 
     state = load_torch(os.path.join(input_dir, _optimizer_file(optimizer_index)))
     fsdp_state.load_full_optimizer_state_dict(_inner(model), _raw_optimizer(optimizer), state)

@@ -446,7 +446,7 @@ class CheckpointIO:
     def sharded_metadata(self, folder: str) -> Any:
         """The ``Metadata`` of the DCP folder ``folder`` (tensor names and global shapes), unpickled with
         the allow-list of DCP's own classes."""
-        from accel_train.checkpoint_safety import read_dcp_metadata
+        from accel_train.checkpoint.safety import read_dcp_metadata
 
         return read_dcp_metadata(os.path.join(folder, ".metadata"))
 
@@ -460,7 +460,7 @@ class CheckpointIO:
         """
         import torch.distributed.checkpoint as dcp
 
-        from accel_train.checkpoint_safety import SafeFileSystemReader, SafeLoadPlanner
+        from accel_train.checkpoint.safety import SafeFileSystemReader, SafeLoadPlanner
 
         options = {"flatten_sharded_tensors": flatten_sharded_tensors}
         if planner is not None:
@@ -477,7 +477,7 @@ class CheckpointIO:
         """
         from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-        from accel_train.checkpoint_safety import SafeFileSystemReader, safe_empty_planner
+        from accel_train.checkpoint.safety import SafeFileSystemReader, safe_empty_planner
 
         self.check_sharded(folder)
         state_dict: dict[str, Any] = {}
@@ -496,7 +496,7 @@ class CheckpointIO:
         Args:
             path: the file.
         """
-        from accel_train.checkpoint_safety import check_torch_file
+        from accel_train.checkpoint.safety import check_torch_file
 
         check_torch_file(path, self.allowed_globals)
 
@@ -514,7 +514,7 @@ class CheckpointIO:
             folder: the DCP folder.
             verified: item pickles already checked, shared between folders (a new set when not given).
         """
-        from accel_train.checkpoint_safety import dcp_folder_checks
+        from accel_train.checkpoint.safety import dcp_folder_checks
 
         return dcp_folder_checks(folder, verified)
 
