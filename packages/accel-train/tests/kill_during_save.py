@@ -61,15 +61,15 @@ def _install_killer(counter: StepCounter) -> None:
     import safetensors.torch
     import torch.distributed.checkpoint as dcp
 
-    from accel_train import checkpointing
     from accel_train.checkpoint import file_io as checkpoint_io
+    from accel_train.checkpoint import folder
 
     for owner, name in [
         (checkpoint_io, "save_torch"),
         (checkpoint_io, "save_weights"),
         (checkpoint_io, "save_rng"),
         (checkpoint_io, "write_manifest"),
-        (checkpointing, "_exchange"),
+        (folder, "_exchange"),
         (dcp, "save"),
         (safetensors.torch, "save_file"),
         (os, "rename"),
