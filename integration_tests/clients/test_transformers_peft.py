@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -88,8 +89,13 @@ def test_trainer_resume_equals_uninterrupted_and_eval_loss_matches_hand(tmp_path
     _accelerate_is_accel()
     script = str(HERE / "trainer_run.py")
     _run([script, "full", "full"], tmp_path, processes)
-    _run([script, "cut", "stop"], tmp_path, processes)
-    assert (tmp_path / "cut" / "checkpoint-4").is_dir() and not (tmp_path / "cut" / "checkpoint-8").exists()
+    # The uninterrupted run saved checkpoint-4 (save_steps=4) as a run stopped after step 4 would: the
+    # checkpoint is written at the step, before anything after it runs. A fresh launch resumes from a copy
+    # of it, where the uninterrupted run's later checkpoint-8 is not (one client launch fewer than
+    # stopping a run of its own).
+    assert (tmp_path / "full" / "checkpoint-8").is_dir()
+    (tmp_path / "cut").mkdir()
+    shutil.copytree(tmp_path / "full" / "checkpoint-4", tmp_path / "cut" / "checkpoint-4")
     _run([script, "cut", "resume"], tmp_path, processes)
     full = torch.load(tmp_path / "full" / "final-full.pt")
     resumed = torch.load(tmp_path / "cut" / "final-resume.pt")
