@@ -230,8 +230,9 @@ def _install_clients(session: nox.Session) -> None:
 
 def _clients(session: nox.Session) -> None:
     _install_clients(session)
-    # each case mostly waits on the client stack it starts: two workers, any case to either
-    _pytest(session, "clients", "-n", "2", "--dist", "load", str(ROOT / "integration_tests" / "clients"))
+    # each case mostly waits on the client stack it starts: two workers, any case to either, but the
+    # cases of one xdist_group (sharing a module fixture's run) to the same one
+    _pytest(session, "clients", "-n", "2", "--dist", "loadgroup", str(ROOT / "integration_tests" / "clients"))
     # accel-train's tests that need transformers beside DeepSpeed / tensor parallelism (skipped in its
     # own session, which has no transformers)
     train_tests = DISTS["accel-train"]["path"] / "tests"

@@ -107,15 +107,31 @@ def test_trainer_resume_equals_uninterrupted_and_eval_loss_matches_hand(tmp_path
     assert metrics["eval_loss"] == pytest.approx(_hand_eval_loss(full, processes), rel=1e-5)
 
 
-def test_from_pretrained_with_part_of_the_model_on_disk(tmp_path) -> None:
-    out = _run([str(HERE / "offload_and_lora.py"), str(tmp_path), "offload"], tmp_path, 1)
-    result = json.loads(out.split("RESULT ", 1)[1])
+@pytest.fixture(scope="module")
+def offload_and_lora(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """What ``offload_and_lora.py`` reports of its two parts, run in one process: each start of the client
+    stack costs about 12 CPU-s, and neither part leaves anything the other reads (own folders, own models)."""
+    workdir = tmp_path_factory.mktemp("offload_and_lora")
+    out = _run([str(HERE / "offload_and_lora.py"), str(workdir), "offload", "lora"], workdir, 1)
+    results = {}
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            part, text = line.removeprefix("RESULT ").split(" ", 1)
+            results[part] = json.loads(text)
+    assert results.keys() == {"offload", "lora"}, out[-4000:]
+    return results
+
+
+# one xdist worker runs both (nox -s clients: --dist loadgroup), so that the module fixture runs once
+@pytest.mark.xdist_group("offload_and_lora")
+def test_from_pretrained_with_part_of_the_model_on_disk(offload_and_lora: dict[str, dict]) -> None:
+    result = offload_and_lora["offload"]
     assert result["devices"] == ["cpu", "disk"]
     assert result["max_difference"] == 0.0
 
 
-def test_lora_adapter_trains_with_peft(tmp_path) -> None:
-    out = _run([str(HERE / "offload_and_lora.py"), str(tmp_path), "lora"], tmp_path, 1)
-    result = json.loads(out.split("RESULT ", 1)[1])
+@pytest.mark.xdist_group("offload_and_lora")
+def test_lora_adapter_trains_with_peft(offload_and_lora: dict[str, dict]) -> None:
+    result = offload_and_lora["lora"]
     assert result["trainable_are_lora"] and result["base_unchanged"]
     assert result["loss_after"] < result["loss_before"]
