@@ -268,26 +268,12 @@ def clients(session: nox.Session) -> None:
 
 # Ray and the trackers come before the short sessions: Ray spends minutes starting its cluster, and a long
 # session run last leaves the other lane with nothing to do.
-RAY_TESTS = ROOT / "integration_tests" / "test_cluster_ray.py"
-
-
-def _install_ray(session: nox.Session) -> None:
-    _install_local(session, *ORDER, extras={"accel": "test", "accel-launch": "ray"})
-    session.install(*_constraints(), "safetensors")
-
-
 @nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
 def ray(session: nox.Session) -> None:
     """An accel script under Ray Train's TorchTrainer (2 CPU workers, loopback only), as under accel launch."""
-    _install_ray(session)
-    _pytest(session, "ray", str(RAY_TESTS))
-
-
-@nox.session
-def slow_ray(session: nox.Session) -> None:
-    """The Ray cases marked ``release`` (``slow`` runs this session after its own): they need Ray's venv."""
-    _install_ray(session)
-    _pytest(session, "slow-ray", "-m", "release", str(RAY_TESTS), env={"ACCEL_RELEASE_TESTS": "1"})
+    _install_local(session, *ORDER, extras={"accel": "test", "accel-launch": "ray"})
+    session.install(*_constraints(), "safetensors")
+    _pytest(session, "ray", str(ROOT / "integration_tests" / "test_cluster_ray.py"))
 
 
 TRACKER_EXTRAS = "tensorboard,wandb,comet_ml,aim,mlflow,clearml,dvclive,trackio,swanlab,test"
@@ -339,9 +325,7 @@ def slow(session: nox.Session) -> None:
     """Before a release, what CI leaves out for time: the crash-safety tests killed at every file-system
     step of a save, not only at the commit steps and a spread of the rest (``ACCEL_KILL_POINTS=all``),
     and the end-to-end cases marked ``release``, which repeat a case CI runs on another process count
-    or variant (``ACCEL_RELEASE_TESTS=1``; each marker names the case that covers it in CI); the Ray ones
-    in ``slow_ray``, which needs a venv with Ray."""
-    session.notify("slow_ray")
+    or variant (``ACCEL_RELEASE_TESTS=1``; each marker names the case that covers it in CI)."""
     _install_clients(session)
     session.install(
         *_constraints(), f"{DISTS['accel-bigmodel']['path']}[test]", f"{DISTS['accel-train']['path']}[test]"
