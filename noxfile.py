@@ -315,7 +315,7 @@ def tests(session: nox.Session, package: str) -> None:
     # accel-train's test extra asks for DeepSpeed
     _add_extras(session, {package: "test"}, deepspeed=package == "accel-train")
     # accel-train's suite is mostly waiting on spawned gloo processes: two workers (a test file each,
-    # so module-scoped process pools stay in one worker) keep both cores busy
+    # so that a file's tests share their worker's process pools) keep both cores busy
     parallel = ["-n", "2", "--dist", "loadfile"] if package == "accel-train" else []
     _pytest(session, f"tests-{package}", *parallel, str(DISTS[package]["path"] / "tests"))
 
