@@ -159,16 +159,27 @@ def _install_local(
         folder = pathlib.Path.home() / ".cache" / "torch_extensions" / f"accel-nox-{key}"
         session.env["TORCH_EXTENSIONS_DIR"] = str(folder)
     extras = extras or {}
-    targets = []
-    for dist in dists:
-        path = str(DISTS[dist]["path"])
-        targets.append(f"{path}[{extras[dist]}]" if dist in extras else path)
     if deepspeed:
         # the distributions without their extras first (torch and the rest: most of the install), while
         # another session may still be building the DeepSpeed wheel; then the wheel; then the extras
         session.install(*_constraints(), *[str(DISTS[dist]["path"]) for dist in dists])
-        _install_deepspeed(session)
+        _add_extras(session, extras, deepspeed=True)
+        return
+    targets = []
+    for dist in dists:
+        path = str(DISTS[dist]["path"])
+        targets.append(f"{path}[{extras[dist]}]" if dist in extras else path)
     session.install(*_constraints(), *targets)
+
+
+def _add_extras(session: nox.Session, extras: dict[str, str], deepspeed: bool = False) -> None:
+    """Add extras to in-repo distributions installed already (with ``deepspeed``, DeepSpeed's prebuilt-ops
+    wheel first), naming only the distributions that get an extra: uv builds and reinstalls every local
+    folder it is given, even one installed unchanged (about a CPU-second each)."""
+    if deepspeed:
+        _install_deepspeed(session)
+    if extras:
+        session.install(*_constraints(), *[f"{DISTS[dist]['path']}[{extra}]" for dist, extra in extras.items()])
 
 
 def _pytest(session: nox.Session, report: str, *args: str, env: dict[str, str] | None = None) -> None:
@@ -190,7 +201,7 @@ def end_to_end(session: nox.Session) -> None:
     for both. Defined first of the CI sessions: the longest, it starts first and the others run beside it.
     """
     _integration(session)
-    _docs(session, [])
+    _docs(session, [], installed=True)  # accel's distributions: as _integration installed them
 
 
 @nox.session(python=False, tags=["ci"], allow_parallel=True, requires=["clean_reports"])
@@ -230,8 +241,9 @@ def _install_clients(session: nox.Session) -> None:
 
 def _clients(session: nox.Session) -> None:
     _install_clients(session)
-    # each case mostly waits on the client stack it starts: two workers, any case to either
-    _pytest(session, "clients", "-n", "2", "--dist", "load", str(ROOT / "integration_tests" / "clients"))
+    # each case mostly waits on the client stack it starts: two workers, any case to either, but the
+    # cases of one xdist_group (sharing a module fixture's run) to the same one
+    _pytest(session, "clients", "-n", "2", "--dist", "loadgroup", str(ROOT / "integration_tests" / "clients"))
     # accel-train's tests that need transformers beside DeepSpeed / tensor parallelism (skipped in its
     # own session, which has no transformers)
     train_tests = DISTS["accel-train"]["path"] / "tests"
@@ -294,12 +306,16 @@ def lint(session: nox.Session) -> None:
 @nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
 @nox.parametrize("package", ORDER)
 def tests(session: nox.Session, package: str) -> None:
-    """One distribution alone: a fresh venv with it, its in-repo dependencies and its test extra."""
+    """One distribution alone: a fresh venv with it and its in-repo dependencies, where its smoke script
+    runs first (what ``clean_install`` checks: only the declared dependencies installed); then its test
+    extra and its tests. One venv and one install of the distributions for both checks."""
     needed = _closure(package)
+    _install_local(session, *needed)
+    _smoke(session, package)
     # accel-train's test extra asks for DeepSpeed
-    _install_local(session, *needed, extras={package: "test"}, deepspeed=package == "accel-train")
+    _add_extras(session, {package: "test"}, deepspeed=package == "accel-train")
     # accel-train's suite is mostly waiting on spawned gloo processes: two workers (a test file each,
-    # so module-scoped process pools stay in one worker) keep both cores busy
+    # so that a file's tests share their worker's process pools) keep both cores busy
     parallel = ["-n", "2", "--dist", "loadfile"] if package == "accel-train" else []
     _pytest(session, f"tests-{package}", *parallel, str(DISTS[package]["path"] / "tests"))
 
@@ -324,15 +340,21 @@ def slow(session: nox.Session) -> None:
     _pytest(session, "slow-release", *release, env={"ACCEL_RELEASE_TESTS": "1"})
 
 
-@nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
+def _smoke(session: nox.Session, package: str) -> None:
+    """The distribution's smoke script (tools/smoke), run from an empty folder."""
+    script = ROOT / "tools" / "smoke" / f"smoke_{package.replace('-', '_')}.py"
+    with session.chdir(session.create_tmp()):
+        session.run("python", str(script), env={"OMP_NUM_THREADS": "1"})
+
+
+@nox.session
 @nox.parametrize("package", ORDER)
 def clean_install(session: nox.Session, package: str) -> None:
     """One distribution installed alone with only its declared dependencies (no test extra, no
-    numpy/tqdm/psutil added by hand), then its smoke script in tools/smoke, run from an empty folder."""
+    numpy/tqdm/psutil added by hand), then its smoke script in tools/smoke, run from an empty folder.
+    CI runs the same check inside ``tests``, before the test extra is installed."""
     _install_local(session, *_closure(package))
-    script = ROOT / "tools" / "smoke" / f"smoke_{package.replace('-', '_')}.py"
-    session.chdir(session.create_tmp())
-    session.run("python", str(script), env={"OMP_NUM_THREADS": "1"})
+    _smoke(session, package)
 
 
 def _integration(session: nox.Session) -> None:
@@ -369,10 +391,12 @@ DOCS_SITE_PINS = (
 )
 
 
-def _docs_site(session: nox.Session) -> None:
-    """Install accel and the site generator; check docstrings (ratchet); build the site strictly and
-    check it (anchors, descriptions, search index); open it in headless chromium when there is one."""
-    _install_local(session, *ORDER)
+def _docs_site(session: nox.Session, installed: bool = False) -> None:
+    """Install accel (unless ``installed``: the session has it already) and the site generator; check
+    docstrings (ratchet); build the site strictly and check it (anchors, descriptions, search index); open
+    it in headless chromium when there is one."""
+    if not installed:
+        _install_local(session, *ORDER)
     session.install(*_constraints(), *DOCS_SITE_PINS)
     session.run("python", str(ROOT / "tools" / "check_docstrings.py"), silent=True)
     session.run("python", str(ROOT / "tools" / "build_guide.py"))
@@ -397,7 +421,7 @@ def docs(session: nox.Session) -> None:
     _docs(session, list(session.posargs))
 
 
-def _docs(session: nox.Session, posargs: list[str]) -> None:
+def _docs(session: nox.Session, posargs: list[str], installed: bool = False) -> None:
     no_run = "--no-run" in posargs
     pages = [arg for arg in posargs if arg != "--no-run"]
     if not shutil.which("chromium") and shutil.which("apt-get") and os.geteuid() == 0:
@@ -407,7 +431,7 @@ def _docs(session: nox.Session, posargs: list[str]) -> None:
             "(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null",
             external=True,
         )
-    _docs_site(session)
+    _docs_site(session, installed)
     if no_run:
         return
     _install_deepspeed(session)
@@ -424,7 +448,6 @@ _CI_SESSIONS = [
     "deps",
     "lint",
     *[f"tests(package='{package}')" for package in ORDER],
-    *[f"clean_install(package='{package}')" for package in ORDER],
     "typecheck",
 ]
 

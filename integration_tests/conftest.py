@@ -3,6 +3,7 @@ running launch once its job has taken some steps, and compare the results of ``f
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pathlib
 import signal
@@ -116,6 +117,36 @@ def same_weights(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tenso
 def accel_command() -> list[str]:
     """How to call the ``accel`` CLI from this interpreter."""
     return [sys.executable, "-m", "accel_launch.cli"]
+
+
+def _run_folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """A folder of this test run that every pytest-xdist worker of it sees (the run's own base folder
+    without xdist; with it, the folder above the workers' base folders, made anew for each run)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, torch.Tensor]]:
+    """The final weights of one uninterrupted ``faults_job.py`` run (``accel launch --cpu --num_processes 2``,
+    no fault), which the fault, restart and SLURM tests compare their runs with.
+
+    Launched once per test run, not once per test file: under pytest-xdist the first worker to ask runs it
+    (holding a lock) and the others wait for it and read the same files.
+    """
+    folder = _run_folder(tmp_path_factory) / "uninterrupted-faults-job"
+    with open(f"{folder}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = folder / "DONE"
+        if not done.exists():
+            folder.mkdir(exist_ok=True)
+            job = str(ROOT / "integration_tests" / "faults_job.py")
+            result = run_command(
+                [*accel_command(), "launch", "--cpu", "--num_processes", "2", job, str(folder)], timeout=600
+            )
+            assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+            done.touch()
+    return final_weights(folder)
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import sys
 import textwrap
 
 import pytest
-import torch
 from conftest import ROOT, accel_command, final_weights, free_port, run_command, same_weights, signal_after_steps
 
 JOB = str(ROOT / "integration_tests" / "faults_job.py")
@@ -68,16 +67,6 @@ def slurm_bin(tmp_path: pathlib.Path) -> dict[str, str]:
         "FAKE_SCONTROL_LOG": str(tmp_path / "scontrol.log"),
         "MASTER_PORT": str(free_port()),
     }
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, torch.Tensor]]:
-    project = tmp_path_factory.mktemp("uninterrupted")
-    done = run_command(
-        [*accel_command(), "launch", "--cpu", "--num_processes", "2", JOB, str(project)], timeout=TIMEOUT
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    return final_weights(project)
 
 
 def test_srun_without_launcher_forms_one_run(tmp_path: pathlib.Path, slurm_bin: dict, uninterrupted: list) -> None:

@@ -17,7 +17,6 @@ import sys
 import textwrap
 
 import pytest
-import torch
 from conftest import ROOT, accel_command, final_weights, free_port, run_command, same_weights, signal_after_steps
 
 JOB = str(ROOT / "integration_tests" / "faults_job.py")
@@ -26,14 +25,6 @@ LAUNCH_TIMEOUT = 600
 
 def _launch(args: list[str], project: pathlib.Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return run_command([*accel_command(), "launch", "--cpu", *args, JOB, str(project)], timeout=LAUNCH_TIMEOUT, env=env)
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, torch.Tensor]]:
-    project = tmp_path_factory.mktemp("uninterrupted")
-    done = _launch(["--num_processes", "2"], project)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    return final_weights(project)
 
 
 def test_killed_workers_restart_and_resume_exactly(tmp_path: pathlib.Path, uninterrupted: list) -> None:

@@ -2,7 +2,8 @@
 ``replay_epoch_on_resume`` (not ``use_stateful_dataloader``), so after ``load_state`` the epoch replays
 from its first batch in its saved order and the loop skips the batches it trained on with ``continue``
 (``faults_job.py`` with ``RESUME_SKIP``).
-Killed three times, it ends with the parameters of the uninterrupted run of the same script."""
+Killed three times, it ends with the parameters of the uninterrupted run of the same script (the fault tests'
+run, in conftest: ``RESUME_SKIP`` changes only what a resumed run does)."""
 
 from __future__ import annotations
 
@@ -27,15 +28,16 @@ def _final(project: pathlib.Path) -> list[dict[str, torch.Tensor]]:
     return [load_file(str(project / f"final_{rank}.safetensors")) for rank in (0, 1)]
 
 
-def test_restarts_with_a_continue_skip_resume_exactly(tmp_path: pathlib.Path) -> None:
+def test_restarts_with_a_continue_skip_resume_exactly(tmp_path: pathlib.Path, uninterrupted: list) -> None:
     manual = {"RESUME_SKIP": "continue"}
-    _launch(["--num_processes", "2"], tmp_path / "straight", manual)
     faults = "0:1:5:kill,1:0:11:raise,2:1:13:exit"  # between accumulation steps; checkpoints every 3 batches
     text = _launch(
         ["--num_processes", "2", "--max_restarts", "3"], tmp_path / "restarted", {**manual, "FAULTS": faults}
     )
     for line in ("attempt 1: resumed at batch 3", "attempt 2: resumed at batch 9", "DONE attempt 3 batches 16"):
         assert line in text, text[-4000:]
-    for restarted, straight in zip(_final(tmp_path / "restarted"), _final(tmp_path / "straight")):
+    # RESUME_SKIP changes what a resumed run does only: uninterrupted, the job trains as the fault tests'
+    # uninterrupted run (conftest), which is launched once for all of them
+    for restarted, straight in zip(_final(tmp_path / "restarted"), uninterrupted):
         assert restarted.keys() == straight.keys()
         assert all(torch.equal(restarted[k], straight[k]) for k in straight)

@@ -7,6 +7,7 @@ as in the documented system) a save in the first epoch resumes to the parameters
 run: the loader shuffles with a generator of its own, so the first epoch's order comes back. Under DDP
 the script opts in to accel's ``replay_epoch_on_resume=True`` and saves in the second epoch, which the
 default would read in the first epoch's order. Neither way skips the seen batches twice.
+CI runs the MULTI_CPU case; the FSDP2 and ZeRO-3 cases run before a release (``nox -s slow``).
 """
 
 from __future__ import annotations
@@ -79,13 +80,31 @@ CONFIGS = {
 }
 needs_deepspeed = pytest.mark.skipif(not is_deepspeed_available(), reason='needs "accel-train[deepspeed]"')
 
+# The sharded variants run before a release (`nox -s slow`): each of their parts has a CI test of its own.
+# The manual skip after load_state is the MULTI_CPU case's; the default loader's order after a first-epoch
+# save on two processes is test_resume_order_reference.py's two-processes-epoch-0 case (every batch equals
+# the documented system's); the sharded state coming back exactly in a fresh launch is test_fsdp_launch.py's
+# and test_deepspeed_launch.py's resume test (those run in CI anyway; each variant here is three launches more).
+_COVERED = "the MULTI_CPU case, test_resume_order_reference.py's two-processes-epoch-0 case and "
+sharded_release = {
+    "FSDP": pytest.mark.release(covered_by=_COVERED + "test_fsdp_launch.py::test_fsdp2_config_resume_and_merge"),
+    "DEEPSPEED": pytest.mark.release(
+        covered_by=_COVERED + "test_deepspeed_launch.py::test_zero3_config_file_save_and_resume_in_a_fresh_launch"
+    ),
+}
+
 
 @pytest.mark.parametrize(
     ("backend", "loader", "resumes"),
     [
         ("MULTI_CPU", "replay", ("continue", "skip_first_batches")),
-        ("FSDP", "default", ("continue", "skip_first_batches")),
-        pytest.param("DEEPSPEED", "default", ("continue", "skip_first_batches"), marks=needs_deepspeed),
+        pytest.param("FSDP", "default", ("continue", "skip_first_batches"), marks=sharded_release["FSDP"]),
+        pytest.param(
+            "DEEPSPEED",
+            "default",
+            ("continue", "skip_first_batches"),
+            marks=[needs_deepspeed, sharded_release["DEEPSPEED"]],
+        ),
     ],
 )
 def test_resume_with_a_manual_skip_ends_like_the_uninterrupted_run(

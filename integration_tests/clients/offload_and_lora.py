@@ -3,6 +3,8 @@ model on disk, and a LoRA adapter trained with peft, on accel through the ``acce
 
     offload_and_lora.py WORKDIR offload     prints JSON: devices used, max output difference
     offload_and_lora.py WORKDIR lora        prints JSON: loss before/after, base weights unchanged
+    offload_and_lora.py WORKDIR offload lora    both, one line each, in one process (the tests' way:
+                                                the client stack is imported once)
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ def lora(workdir: str) -> dict:
 
 
 if __name__ == "__main__":
-    workdir, what = sys.argv[1], sys.argv[2]
-    result = offload(workdir) if what == "offload" else lora(workdir)
-    print("RESULT " + json.dumps(result))
+    workdir, parts = sys.argv[1], sys.argv[2:]
+    for what in parts:
+        result = offload(workdir) if what == "offload" else lora(workdir)
+        print(f"RESULT {what} " + json.dumps(result))

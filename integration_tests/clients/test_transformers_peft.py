@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -88,8 +89,13 @@ def test_trainer_resume_equals_uninterrupted_and_eval_loss_matches_hand(tmp_path
     _accelerate_is_accel()
     script = str(HERE / "trainer_run.py")
     _run([script, "full", "full"], tmp_path, processes)
-    _run([script, "cut", "stop"], tmp_path, processes)
-    assert (tmp_path / "cut" / "checkpoint-4").is_dir() and not (tmp_path / "cut" / "checkpoint-8").exists()
+    # The uninterrupted run saved checkpoint-4 (save_steps=4) as a run stopped after step 4 would: the
+    # checkpoint is written at the step, before anything after it runs. A fresh launch resumes from a copy
+    # of it, where the uninterrupted run's later checkpoint-8 is not (one client launch fewer than
+    # stopping a run of its own).
+    assert (tmp_path / "full" / "checkpoint-8").is_dir()
+    (tmp_path / "cut").mkdir()
+    shutil.copytree(tmp_path / "full" / "checkpoint-4", tmp_path / "cut" / "checkpoint-4")
     _run([script, "cut", "resume"], tmp_path, processes)
     full = torch.load(tmp_path / "full" / "final-full.pt")
     resumed = torch.load(tmp_path / "cut" / "final-resume.pt")
@@ -101,15 +107,31 @@ def test_trainer_resume_equals_uninterrupted_and_eval_loss_matches_hand(tmp_path
     assert metrics["eval_loss"] == pytest.approx(_hand_eval_loss(full, processes), rel=1e-5)
 
 
-def test_from_pretrained_with_part_of_the_model_on_disk(tmp_path) -> None:
-    out = _run([str(HERE / "offload_and_lora.py"), str(tmp_path), "offload"], tmp_path, 1)
-    result = json.loads(out.split("RESULT ", 1)[1])
+@pytest.fixture(scope="module")
+def offload_and_lora(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """What ``offload_and_lora.py`` reports of its two parts, run in one process: each start of the client
+    stack costs about 12 CPU-s, and neither part leaves anything the other reads (own folders, own models)."""
+    workdir = tmp_path_factory.mktemp("offload_and_lora")
+    out = _run([str(HERE / "offload_and_lora.py"), str(workdir), "offload", "lora"], workdir, 1)
+    results = {}
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            part, text = line.removeprefix("RESULT ").split(" ", 1)
+            results[part] = json.loads(text)
+    assert results.keys() == {"offload", "lora"}, out[-4000:]
+    return results
+
+
+# one xdist worker runs both (nox -s clients: --dist loadgroup), so that the module fixture runs once
+@pytest.mark.xdist_group("offload_and_lora")
+def test_from_pretrained_with_part_of_the_model_on_disk(offload_and_lora: dict[str, dict]) -> None:
+    result = offload_and_lora["offload"]
     assert result["devices"] == ["cpu", "disk"]
     assert result["max_difference"] == 0.0
 
 
-def test_lora_adapter_trains_with_peft(tmp_path) -> None:
-    out = _run([str(HERE / "offload_and_lora.py"), str(tmp_path), "lora"], tmp_path, 1)
-    result = json.loads(out.split("RESULT ", 1)[1])
+@pytest.mark.xdist_group("offload_and_lora")
+def test_lora_adapter_trains_with_peft(offload_and_lora: dict[str, dict]) -> None:
+    result = offload_and_lora["lora"]
     assert result["trainable_are_lora"] and result["base_unchanged"]
     assert result["loss_after"] < result["loss_before"]

@@ -2,8 +2,8 @@
 ``accelerate`` alias, ACCEL_PROVIDE_ACCELERATE=1). Run by test_transformers_peft.py, on 1 process with
 python and on 2 with ``accel launch --cpu --num_processes 2``.
 
-    trainer_run.py OUT full            train 8 steps, save final weights and the eval loss
-    trainer_run.py OUT stop            train 4 steps (checkpoint at step 4), then stop
+    trainer_run.py OUT full            train 8 steps (checkpoints at steps 4 and 8), save final weights
+                                       and the eval loss
     trainer_run.py OUT resume          resume from OUT/checkpoint-4 up to step 8, save final weights
 """
 
@@ -14,7 +14,7 @@ import os
 import sys
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
 VOCAB, SEQ = 64, 12
 
@@ -45,13 +45,6 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[index], "labels": self.ids[index].clone()}
 
 
-class StopAfterStep4(TrainerCallback):
-    def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
-        if state.global_step == 4:
-            control.should_training_stop = True
-        return control
-
-
 def arguments(out: str, max_steps: int) -> TrainingArguments:
     return TrainingArguments(
         output_dir=out,
@@ -78,14 +71,11 @@ def main() -> None:
         args=arguments(out, 8),
         train_dataset=Tokens(64, seed=1),
         eval_dataset=Tokens(10, seed=2),
-        callbacks=[StopAfterStep4()] if mode == "stop" else None,
     )
     if mode == "resume":
         trainer.train(resume_from_checkpoint=os.path.join(out, "checkpoint-4"))
     else:
         trainer.train()
-    if mode == "stop":
-        return
     metrics = trainer.evaluate()
     if trainer.is_world_process_zero():
         weights = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items()}

@@ -16,10 +16,12 @@ def dist_pool() -> Iterator[DistributedPool]:
         yield pool
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def pools() -> Iterator[Callable[[int], DistributedPool]]:
-    """Pools of any size, opened on first use and kept for the test module (resharding tests need
-    1, 2 and 4 processes)."""
+    """Pools of any size, opened on first use and kept for the test session (resharding tests need
+    1, 2 and 4 processes; the 4-D parallelism tests 4). Kept across modules: starting four processes that
+    import torch costs about 11 CPU-s, and their first optimizer as much again; every rank function starts
+    with ``reset_shared_state()``, as on ``dist_pool``, which is shared the same way."""
     opened: dict[int, DistributedPool] = {}
 
     def get(world: int) -> DistributedPool:
@@ -30,6 +32,12 @@ def pools() -> Iterator[Callable[[int], DistributedPool]]:
     yield get
     for pool in opened.values():
         pool.close()
+
+
+@pytest.fixture
+def pool4(pools: Callable[[int], DistributedPool]) -> DistributedPool:
+    """The session's pool of four processes (``pools(4)``)."""
+    return pools(4)
 
 
 @pytest.fixture(autouse=True)

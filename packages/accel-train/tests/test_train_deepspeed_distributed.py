@@ -32,11 +32,11 @@ STEPS = 6
 BATCH = 4
 
 
-@pytest.fixture(scope="module")
-def ds_pool():
-    # 400 s in which the ranks use no CPU (see accel_state.testing): a hang, not a loaded machine.
-    with DistributedPool(world_size=2, timeout=400) as pool:
-        yield pool
+@pytest.fixture
+def ds_pool(pools) -> DistributedPool:
+    """The session's two processes (conftest ``pools``: 600 s in which the ranks use no CPU is a hang, not
+    a loaded machine); DeepSpeed's engines run there as in the resharding tests."""
+    return pools(2)
 
 
 def _model() -> torch.nn.Module:

@@ -7,8 +7,6 @@ a model the user split with torch's ``parallelize_module`` is prepared as it is.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -16,12 +14,6 @@ from accel_state.testing import DistributedPool, reset_shared_state
 from accel_train.parallelism_config import ParallelismConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore:Slicing a flattened dim")
-
-
-@pytest.fixture(scope="module")
-def pool4() -> Iterator[DistributedPool]:
-    with DistributedPool(world_size=4, timeout=300) as pool:
-        yield pool
 
 
 def rank_mesh_facts(sizes: dict) -> dict:

@@ -3,8 +3,6 @@ real gloo processes (tp=2; dp_shard=2 x tp=2; HSDP dp_replicate=2 x dp_shard=2) 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -198,12 +196,6 @@ def rank_train(sizes: dict, steps: int, per_rank_batch: int, save_at: int | None
     # the flattened data-parallel rank: dp_replicate rank x dp_shard size + dp_shard rank
     dp = accelerator.data_parallel_rank * sizes.get("dp_shard_size", 1) + accelerator.data_parallel_shard_rank
     return {"losses": losses, "state": state, "first": first_batches[0], "dp": dp}
-
-
-@pytest.fixture(scope="module")
-def pool4() -> Iterator[DistributedPool]:
-    with DistributedPool(world_size=4, timeout=300) as pool:
-        yield pool
 
 
 @pytest.mark.parametrize(

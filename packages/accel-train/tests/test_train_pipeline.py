@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import types
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -108,12 +107,6 @@ def test_pp_size_picks_the_pipeline_strategy(monkeypatch: pytest.MonkeyPatch) ->
 
 
 # -- on real processes ----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def pool4() -> Iterator[DistributedPool]:
-    with DistributedPool(world_size=4, timeout=300) as pool:
-        yield pool
 
 
 def rank_train(

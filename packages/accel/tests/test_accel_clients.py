@@ -145,7 +145,9 @@ def test_extract_model_from_parallel_and_compiled_modules() -> None:
     inner = torch.nn.Linear(3, 3)
     wrapped = torch.nn.DataParallel(inner)
     assert accel.utils.extract_model_from_parallel(wrapped) is inner
-    compiled = torch.compile(wrapped)
+    # the eager backend: a real compiled wrapper (OptimizedModule) without importing inductor, which these
+    # checks never run (about 2 CPU-s to import, more in a fresh venv that compiles its bytecode first)
+    compiled = torch.compile(wrapped, backend="eager")
     assert accel.utils.is_compiled_module(compiled) and not accel.utils.is_compiled_module(inner)
     assert accel.utils.extract_model_from_parallel(compiled, keep_torch_compile=False) is inner
     kept = accel.utils.extract_model_from_parallel(compiled)
@@ -157,7 +159,7 @@ def test_extract_model_from_parallel_and_compiled_modules() -> None:
 def test_compile_regions_compiles_repeated_blocks_and_the_children_beside_them() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)]))
     assert not accel.utils.has_compiled_regions(model)
-    out = accel.utils.compile_regions(model)
+    out = accel.utils.compile_regions(model, backend="eager")  # nothing runs: no inductor needed
     assert out is model and accel.utils.has_compiled_regions(model)
     assert all(accel.utils.is_compiled_module(block) for block in model[1])
     assert accel.utils.is_compiled_module(model[0])  # as documented: the children beside the blocks too
