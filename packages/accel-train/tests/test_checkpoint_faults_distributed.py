@@ -22,7 +22,7 @@ import pytest
 import torch
 from cpu_backends import BACKENDS_BY_NAME, CPU_BACKENDS
 
-from accel_state.testing import DistributedPool, reset_shared_state
+from accel_state.testing import reset_shared_state
 
 pytestmark = pytest.mark.slow
 
@@ -30,10 +30,10 @@ pytestmark = pytest.mark.slow
 FILE_SIZE_LIMIT = 512
 
 
-@pytest.fixture(scope="module")
-def pool():
-    with DistributedPool(world_size=2, timeout=300) as opened:
-        yield opened
+@pytest.fixture
+def pool(pools):
+    """The session's pool of two processes (``pools(2)``, shared with the other multi-rank tests)."""
+    return pools(2)
 
 
 @contextlib.contextmanager

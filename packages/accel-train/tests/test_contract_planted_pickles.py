@@ -17,7 +17,7 @@ import torch
 from cpu_backends import BACKENDS_BY_NAME, CPU_BACKENDS
 from fsdp_helpers import crafted_torch_file
 
-from accel_state.testing import DistributedPool, reset_shared_state
+from accel_state.testing import reset_shared_state
 
 pytestmark = pytest.mark.slow
 
@@ -26,10 +26,10 @@ pytestmark = pytest.mark.slow
 NOT_READ = {"zero_to_fp32.py", "zero_to_torch.py", "deepspeed_optimizer.json"}
 
 
-@pytest.fixture(scope="module")
-def pool():
-    with DistributedPool(world_size=2, timeout=300) as opened:
-        yield opened
+@pytest.fixture
+def pool(pools):
+    """The session's pool of two processes (``pools(2)``, shared with the other multi-rank tests)."""
+    return pools(2)
 
 
 def _files(folder: str) -> list[str]:
