@@ -247,11 +247,13 @@ def _clients(session: nox.Session) -> None:
     # accel-train's tests that need transformers beside DeepSpeed / tensor parallelism (skipped in its
     # own session, which has no transformers)
     train_tests = DISTS["accel-train"]["path"] / "tests"
+    session.install(*_constraints(), "bitsandbytes")  # FSDP-QLoRA: 4-bit layers beside peft
     _pytest(
         session,
         "clients-train",
         str(train_tests / "test_train_deepspeed_transformers.py"),
         str(train_tests / "test_train_tp_transformers_plans.py"),
+        str(train_tests / "test_train_fsdp_qlora.py"),
     )
 
 

@@ -114,8 +114,10 @@ for round in range(rounds):
         outcome = "saved"
     except Exception as error:
         outcome = f"{type(error).__name__}: {error}"
-    with open(os.path.join(control, f"done_{round}_{who}"), "w") as handle:
+    done = os.path.join(control, f"done_{round}_{who}")
+    with open(done + ".tmp", "w") as handle:
         handle.write(outcome)
+    os.replace(done + ".tmp", done)  # the test reads it as soon as it exists: whole or not at all
 """
 
 
