@@ -49,3 +49,34 @@ def test_bad_count_and_missing_program_are_named_errors() -> None:
         run_copies([sys.executable, "-c", "pass"], {}, 0)
     with pytest.raises(FileNotFoundError):
         run_copies(["/nonexistent/program-for-accel-test"], {}, 2)
+
+
+def test_forward_signal_passes_the_signal_on_to_each_running_child_and_restores() -> None:
+    """The launcher's one forwarding helper (single child and copies alike): SIGUSR1 reaches every child
+    still running as SIGTERM; the handler it replaced comes back; off the main thread it installs nothing."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from accel_launch.process_guard import forward_signal
+
+    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    try:
+        previous = forward_signal(signal.SIGUSR1, children, as_signal=signal.SIGTERM)
+        try:
+            signal.raise_signal(signal.SIGUSR1)
+            codes = [child.wait(timeout=30) for child in children]
+        finally:
+            signal.signal(signal.SIGUSR1, previous)
+        assert codes == [-signal.SIGTERM, -signal.SIGTERM]
+        assert signal.getsignal(signal.SIGUSR1) is previous
+        off_main: list = []
+        thread = threading.Thread(target=lambda: off_main.append(forward_signal(signal.SIGTERM, children)))
+        thread.start()
+        thread.join()
+        assert off_main == [None]
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
