@@ -83,7 +83,7 @@ def combined_error(described: list[str | None], what: str) -> OSError | None:
     return None
 
 
-def agree(failure: BaseException | None, what: str) -> None:
+def agree(failure: BaseException | None, what: str, payload: str = "") -> list[str]:
     """Exchange this rank's failure (or `None`) with every other rank and raise the combined one.
 
     A collective: every process of the run calls it at the same point. A no-op exchange at world size 1.
@@ -91,14 +91,20 @@ def agree(failure: BaseException | None, what: str) -> None:
     Args:
         failure: this rank's first failure of the step, or `None`.
         what: the step, for the message.
+        payload: a string this rank hands to the others in the same exchange (the writer's name of the
+            partial folder, for one).
+
+    Returns:
+        Every rank's ``payload``, in rank order, when no rank failed.
 
     Raises:
         OSError: on every rank, when any rank failed; the same errno, path and message everywhere.
     """
     from accel_state.operations import gather_object, world_size
 
-    mine = describe(failure)
-    described = [mine] if world_size(what) == 1 else list(gather_object([mine]))
-    error = combined_error(described, what)
+    mine = [payload, describe(failure)]
+    everyone = [mine] if world_size(what) == 1 else list(gather_object([mine]))
+    error = combined_error([described for _, described in everyone], what)
     if error is not None:
         raise error from failure
+    return [str(given) for given, _ in everyone]

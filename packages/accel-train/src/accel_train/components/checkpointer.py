@@ -239,14 +239,8 @@ class Checkpointer:
         if key is not None:  # the writer saves alone: nobody else takes part
             self._settle(failure, key)
             return ckpt.partial_dir(output_dir, token)
-        from accel_state.operations import gather_object, world_size
-
-        mine = [token, outcome.describe(failure)]
-        everyone = [mine] if world_size("save_state") == 1 else gather_object([mine])
-        combined = outcome.combined_error([described for _, described in everyone], "save_state")
-        if combined is not None:
-            raise combined from failure
-        return ckpt.partial_dir(output_dir, everyone[self._writer_rank()][0])
+        tokens = outcome.agree(failure, "save_state", payload=token)
+        return ckpt.partial_dir(output_dir, tokens[self._writer_rank()])
 
     def _writer_rank(self) -> int:
         """The process that writes this process's shared files (the main one, or the node's local main)."""
