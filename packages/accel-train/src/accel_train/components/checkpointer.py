@@ -335,12 +335,7 @@ class Checkpointer:
         counts: dict[str, int] = self.__dict__.setdefault("_saves_alone_counts", {})
         path = os.path.abspath(output_dir)
         counts[path] = counts.get(path, 0) + 1
-        writer = (
-            self.state.process_index - self.state.local_process_index
-            if self.project_configuration.save_on_each_node
-            else 0
-        )
-        return f"accel/save_state/{writer}/{path}#{counts[path]}"
+        return f"accel/save_state/{self._writer_rank()}/{path}#{counts[path]}"
 
     def _add_process_files(self, output_dir: str) -> str:
         """A process other than the writer: once the writer has published ``output_dir``, run the pre-hooks
