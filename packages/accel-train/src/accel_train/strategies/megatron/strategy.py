@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import torch
 
 from accel_state.install_hints import install_hint
+from accel_train.checkpoint import megatron_io
 from accel_train.parallel_plugins import BackendNotAvailableError
 from accel_train.precisions.base import Precision
 from accel_train.strategies.base import CheckpointEntry, ParallelDims, Prepared, Strategy
@@ -365,18 +366,12 @@ class MegatronLMStrategy(Strategy):
     def save_model_checkpoint(
         self, model: Any, weights: Any, folder: str, index: int, safe_serialization: bool, is_writer: bool
     ) -> str:
-        from megatron.core import dist_checkpointing
-
         name = self.checkpoint_entries()["model"].name(index)
-        path = os.path.join(folder, name)
-        os.makedirs(path, exist_ok=True)
-        dist_checkpointing.save(model.sharded_state_dict(), path)
+        megatron_io.save(model.sharded_state_dict(), os.path.join(folder, name))
         return name
 
     def load_model_checkpoint(self, model: Any, folder: str, entry: str, device: Any, strict: bool = True) -> None:
-        from megatron.core import dist_checkpointing
-
-        state = dist_checkpointing.load(model.sharded_state_dict(), os.path.join(folder, entry))
+        state = megatron_io.load(model.sharded_state_dict(), os.path.join(folder, entry))
         if len(model.module) == 1:
             model.module[0].load_state_dict(state, strict=strict)
         else:
@@ -384,22 +379,16 @@ class MegatronLMStrategy(Strategy):
                 chunk.load_state_dict(state[f"model{i}"], strict=strict)
 
     def save_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, is_writer: bool) -> str:
-        from megatron.core import dist_checkpointing
-
         name = self.checkpoint_entries()["optimizer"].name(index)
-        path = os.path.join(folder, name)
-        os.makedirs(path, exist_ok=True)
         inner = optimizer.optimizer
-        dist_checkpointing.save(inner.sharded_state_dict(optimizer.engine.sharded_state_dict()), path)
+        megatron_io.save(inner.sharded_state_dict(optimizer.engine.sharded_state_dict()), os.path.join(folder, name))
         return name
 
     def load_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, map_location: Any) -> None:
-        from megatron.core import dist_checkpointing
-
         inner = optimizer.optimizer
         path = os.path.join(folder, self.checkpoint_entries()["optimizer"].name(index))
         sharded = inner.sharded_state_dict(optimizer.engine.sharded_state_dict(), is_loading=True)
-        inner.load_state_dict(dist_checkpointing.load(sharded, path))
+        inner.load_state_dict(megatron_io.load(sharded, path))
 
 
 def _core_model(facts: Any, config: Any, other: dict[str, Any], pre: bool, post: bool, vp_stage: int | None) -> Any:
