@@ -128,6 +128,53 @@ def save_weights(state_dict: Mapping[str, Any], path: str, safe_serialization: b
     save_file(tensors, path, metadata=metadata)
 
 
+def save_shard(tensors: Mapping[str, torch.Tensor], path: str, metadata: Mapping[str, str]) -> None:
+    """Write one process's tensors (a local shard) as safetensors, with ``metadata`` in its header (what the
+    reader checks before using it: the number of processes that wrote it ...).
+
+    Args:
+        tensors: name -> tensor, each contiguous and on the CPU.
+        path: the ``.safetensors`` file.
+        metadata: string values recorded in the file's header.
+    """
+    from safetensors.torch import save_file
+
+    with writing(path):
+        save_file(dict(tensors), path, metadata={"format": "pt", **metadata})
+
+
+def read_shard(path: str) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """The header metadata and tensors of a file `save_shard()` wrote, its structure checked first.
+
+    Raises:
+        CorruptCheckpointError: the file is not a whole safetensors file.
+    """
+    from safetensors.torch import load_file
+
+    from accel_bigmodel.tensor_io import check_safetensors_file
+
+    _, metadata = check_safetensors_file(path)
+    return dict(metadata), load_file(path)
+
+
+def replace_file(path: str, write: Any) -> None:
+    """Write a file atomically: ``write(tmp)`` writes ``path + ".partial"``, which then replaces ``path``;
+    a failure leaves ``path`` as it was and removes the partial file.
+
+    Args:
+        path: the file to (re)place.
+        write: a function of the temporary path that writes the whole file there.
+    """
+    tmp = f"{path}.partial"
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
 def save(
     obj: Any, f: str | os.PathLike[str], save_on_each_node: bool = False, safe_serialization: bool = False
 ) -> None:

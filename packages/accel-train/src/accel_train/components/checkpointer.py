@@ -359,14 +359,12 @@ class Checkpointer:
                 hook(models, weights, output_dir)
             io_ = self._strategy.checkpoint_io
             rank = self.state.process_index
-            rng_path = os.path.join(output_dir, ckpt.rng_file(rank))
-            io_.save_rng(f"{rng_path}.partial")
-            os.replace(f"{rng_path}.partial", rng_path)
+            io.replace_file(os.path.join(output_dir, ckpt.rng_file(rank)), io_.save_rng)
             grads = self._accumulated_gradients()
             if grads:
-                grads_path = os.path.join(output_dir, ckpt.grads_file(rank))
-                io_.save_weights(grads, f"{grads_path}.partial")
-                os.replace(f"{grads_path}.partial", grads_path)
+                io.replace_file(
+                    os.path.join(output_dir, ckpt.grads_file(rank)), lambda tmp: io_.save_weights(grads, tmp)
+                )
         logger.info("added the files of process %d to %s", rank, output_dir)
         return output_dir
 
@@ -487,13 +485,14 @@ class Checkpointer:
         """
         if not self._is_writer():
             return
-        path = os.fspath(f)
-        tmp = f"{path}.partial"
-        if safe_serialization:
-            io.save_weights(obj, tmp, safe_serialization=True)  # shared tensors stored once, and logged
-        else:
-            torch.save(obj, tmp)
-        os.replace(tmp, path)
+
+        def write(tmp: str) -> None:
+            if safe_serialization:
+                io.save_weights(obj, tmp, safe_serialization=True)  # shared tensors stored once, and logged
+            else:
+                io.save_torch(obj, tmp)
+
+        io.replace_file(os.fspath(f), write)
 
     def save_model(
         self,

@@ -310,20 +310,15 @@ def _local_tensor(value: Any) -> Any:
 
 
 def _save_local(model: torch.nn.Module, checkpoint_dir: str) -> None:
-    from safetensors.torch import save_file
-
-    from accel_train.checkpoint.file_io import writing
+    from accel_train.checkpoint.file_io import save_shard
 
     with _local_state_dict(model, True):
         state = {k: _local_tensor(v).detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
-    path = os.path.join(checkpoint_dir, f"rank{_rank()}.safetensors")
-    with writing(path):
-        save_file(state, path, metadata={"format": "pt", "world_size": str(_world())})
+    save_shard(state, os.path.join(checkpoint_dir, f"rank{_rank()}.safetensors"), {"world_size": str(_world())})
 
 
 def _load_local(model: torch.nn.Module, checkpoint_dir: str) -> None:
-    from safetensors import safe_open
-    from safetensors.torch import load_file
+    from accel_train.checkpoint.file_io import read_shard
 
     path = os.path.join(checkpoint_dir, f"rank{_rank()}.safetensors")
     if not os.path.isfile(path):
@@ -331,14 +326,13 @@ def _load_local(model: torch.nn.Module, checkpoint_dir: str) -> None:
             f"{checkpoint_dir} holds no LOCAL_STATE_DICT shard for rank {_rank()} ({path}); it was written by "
             "another number of processes or with another state_dict_type"
         )
-    with safe_open(path, framework="pt") as handle:
-        saved_world = int((handle.metadata() or {}).get("world_size", "0"))
+    metadata, saved = read_shard(path)
+    saved_world = int(metadata.get("world_size", "0"))
     if saved_world != _world():
         raise ValueError(
             f"{checkpoint_dir} is a LOCAL_STATE_DICT checkpoint of {saved_world} processes; it loads only on the "
             f"same number (here {_world()}). Save with SHARDED_STATE_DICT to change the number of processes."
         )
-    saved = load_file(path)
     with _local_state_dict(model, True):
         current = model.state_dict()
         for name, value in current.items():
