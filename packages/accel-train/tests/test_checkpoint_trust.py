@@ -377,7 +377,7 @@ def test_user_folders_inside_a_checkpoint_are_not_read(tmp_path) -> None:
 def test_deepspeed_partitions_counted_for_resharding(tmp_path) -> None:
     """The number of processes a ZeRO checkpoint was partitioned over (another number goes through DeepSpeed's
     universal checkpoint, tested in test_deepspeed_reshard_distributed.py)."""
-    from accel_train.strategies.deepspeed.reshard import saved_world_size, universal_dir
+    from accel_train.checkpoint.deepspeed_universal import saved_world_size, universal_dir
 
     tag = tmp_path / "pytorch_model"
     assert saved_world_size(str(tag)) is None

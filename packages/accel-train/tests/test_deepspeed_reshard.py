@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from accel_train.strategies.deepspeed import reshard
+from accel_train.checkpoint import deepspeed_universal as reshard
 
 
 def _never_loads(*args: object, **kwargs: object) -> None:

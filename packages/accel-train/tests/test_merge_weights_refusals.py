@@ -136,7 +136,7 @@ def test_chunk_outside_its_tensor_is_refused(tmp_path, capsys) -> None:
 
 def test_data_file_linked_outside_the_folder_is_refused(tmp_path, capsys) -> None:
     from accel_state.errors import UnsafeCheckpointError
-    from accel_train.strategies.fsdp.merge import merge_fsdp_weights
+    from accel_train.checkpoint.merge import merge_fsdp_weights
 
     folder = tmp_path / "pytorch_model_fsdp_0"
     _dcp_folder(str(folder))

@@ -29,7 +29,11 @@ MOVED_MODULES: dict[str, str] = {
     "accel_train.fsdp_state": f"{_S}.fsdp.state",
     "accel_train.fsdp_utils": f"{_S}.fsdp.utils",
     "accel_train.fsdp_wrap": f"{_S}.fsdp.wrap",
-    "accel_train.merge": f"{_S}.fsdp.merge",
+    "accel_train.merge": "accel_train.checkpoint.merge",
+    f"{_S}.fsdp.merge": "accel_train.checkpoint.merge",
+    f"{_S}.deepspeed.merge": "accel_train.checkpoint.deepspeed_merge",
+    f"{_S}.deepspeed.checkpoint": "accel_train.checkpoint.deepspeed_io",
+    f"{_S}.deepspeed.reshard": "accel_train.checkpoint.deepspeed_universal",
     "accel_train.deepspeed_plugin": f"{_S}.deepspeed.plugin",
     "accel_train.deepspeed_config": f"{_S}.deepspeed.config",
     "accel_train.deepspeed_utils": f"{_S}.deepspeed.utils",
@@ -112,7 +116,7 @@ _export("checkpointing", "CheckpointMismatchError")
 _export("checkpoint.file_io", "UnsafeCheckpointError")
 _export("checkpoint.integrity", "CorruptCheckpointError")
 _export("weights.unloaded", "UnloadedWeightsError")
-_export("strategies.fsdp.merge", "merge_fsdp_weights")
+_export("checkpoint.merge", "merge_fsdp_weights")
 _export(
     "strategies.fsdp.utils",
     "save_fsdp_model",
@@ -177,7 +181,7 @@ META_UTILS_MODULES: tuple[str, ...] = (
     "kwargs_handlers",
     "plugins",
     "parallel_plugins",
-    "strategies.fsdp.merge",
+    "checkpoint.merge",
     "strategies.fsdp.utils",
     "strategies.deepspeed.utils",
     "strategies.megatron",

@@ -63,7 +63,7 @@ class DeepSpeedCheckpointIO(CheckpointIO):
             tag: the engine's folder inside it.
             strict: every model key must match.
         """
-        from accel_train.strategies.deepspeed.reshard import load_resharded, saved_world_size
+        from accel_train.checkpoint.deepspeed_universal import load_resharded, saved_world_size
 
         saved = saved_world_size(os.path.join(folder, tag))
         current = getattr(engine, "seq_dp_world_size", None) or engine.dp_world_size

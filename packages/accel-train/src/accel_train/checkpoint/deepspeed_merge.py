@@ -48,9 +48,9 @@ def read_deepspeed_weights(engine_dir: str) -> dict[str, Any]:
             a DCP ``.metadata`` (nothing was read).
         ImportError: DeepSpeed is not installed (its reader joins the partitions).
     """
+    from accel_train.checkpoint.deepspeed_io import DeepSpeedCheckpointIO
     from accel_train.checkpoint.layout import engine_torch_files
     from accel_train.checkpointing import model_file
-    from accel_train.strategies.deepspeed.checkpoint import DeepSpeedCheckpointIO
 
     checker = DeepSpeedCheckpointIO()
     for relative in engine_torch_files(engine_dir):  # refuses a DCP .metadata planted beside them

@@ -60,8 +60,8 @@ def merge_fsdp_weights(
         if is_engine_folder(checkpoint_dir):  # a DeepSpeed folder: its .metadata was planted, never written
             raise stray_metadata_error(os.path.join(checkpoint_dir, ".metadata"))
     else:
+        from accel_train.checkpoint.deepspeed_merge import deepspeed_engine_dir
         from accel_train.checkpointing import sharded_model_dir
-        from accel_train.strategies.deepspeed.merge import deepspeed_engine_dir
 
         model_dir = os.path.join(checkpoint_dir, sharded_model_dir(0))
         deepspeed_dir = deepspeed_engine_dir(checkpoint_dir)
@@ -89,7 +89,7 @@ def merge_fsdp_weights(
         from accel_train.checkpoint.file_io import CheckpointIO
 
         if deepspeed_dir is not None:
-            from accel_train.strategies.deepspeed.merge import read_deepspeed_weights
+            from accel_train.checkpoint.deepspeed_merge import read_deepspeed_weights
 
             state_dict = read_deepspeed_weights(deepspeed_dir)
         else:

@@ -46,7 +46,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from accel_train.strategies.fsdp.merge import merge_fsdp_weights
+    from accel_train.checkpoint.merge import merge_fsdp_weights
 
     try:
         target = merge_fsdp_weights(

@@ -84,7 +84,7 @@ UTILS: dict[str, str] = {
     "load_fsdp_optimizer": "accel_train.strategies.fsdp.utils",
     "map_pytorch_optim_to_deepspeed": "accel_train.strategies.deepspeed.utils",
     "merge_dicts": "accel_train.other",
-    "merge_fsdp_weights": "accel_train.strategies.fsdp.merge",
+    "merge_fsdp_weights": "accel_train.checkpoint.merge",
     "model_has_dtensor": "accel_train.other",
     "recursive_getattr": "accel_train.other",
     "save": "accel_train.checkpoint.file_io",

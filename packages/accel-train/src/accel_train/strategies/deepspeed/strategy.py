@@ -94,8 +94,8 @@ class DeepSpeedStrategy(Strategy):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        from accel_train.checkpoint.deepspeed_io import DeepSpeedCheckpointIO
         from accel_train.checkpoint.file_io import CheckpointIO
-        from accel_train.strategies.deepspeed.checkpoint import DeepSpeedCheckpointIO
 
         if self._checkpoint_io is None or type(self._checkpoint_io) is CheckpointIO:
             self._checkpoint_io = DeepSpeedCheckpointIO()  # the engine's files hold a few DeepSpeed types

@@ -21,8 +21,9 @@ from typing import Any
 import torch
 
 from accel_train import checkpointing as ckpt
+from accel_train.checkpoint import file_io
+from accel_train.checkpoint.merge import merge_fsdp_weights
 from accel_train.strategies.fsdp import state as fsdp_state
-from accel_train.strategies.fsdp.merge import merge_fsdp_weights
 from accel_train.strategies.fsdp.plugin import setting_name
 from accel_train.strategies.fsdp.wrap import canonical_name, resolve_wrap_classes
 
@@ -163,7 +164,7 @@ def save_fsdp_optimizer(
     state = fsdp_state.full_optimizer_state_dict(_inner(model), _raw_optimizer(optimizer))
     path = os.path.join(output_dir, _optimizer_file(optimizer_index))
     if accelerator.is_main_process:
-        torch.save(state, path)
+        file_io.save_torch(state, path)
     accelerator.wait_for_everyone()
     return path
 
