@@ -42,8 +42,10 @@ def rank_resume(backend: str, base: str) -> dict:
     for index in (2, 3):
         spec.step(accelerator, model, optimizer, index)
     resumed = spec.state(accelerator, model)
+    ran = accelerator._strategy.name
     reset_shared_state()
     return {
+        "strategy": ran,
         "loaded": sorted(k for k in at_save if not torch.equal(at_save[k], loaded[k])),
         "differ": sorted(k for k in straight if not torch.equal(straight[k], resumed[k])),
         "moved": any(not torch.equal(straight[k], at_save[k]) for k in straight),
@@ -56,6 +58,7 @@ def test_a_resumed_run_equals_the_uninterrupted_one(pool, tmp_path, backend: str
     if missing:
         pytest.skip(missing)
     for rank, result in enumerate(pool.run(rank_resume, backend, str(tmp_path), timeout=120)):
+        assert result["strategy"] == BACKENDS_BY_NAME[backend].strategy, f"{backend} ran {result['strategy']}"
         assert result["moved"], f"{backend}: the two steps after the save changed nothing (rank {rank})"
         assert result["loaded"] == [], f"{backend}: load_state did not bring back {result['loaded']} (rank {rank})"
         assert result["differ"] == [], f"{backend}: the resumed run differs in {result['differ']} (rank {rank})"

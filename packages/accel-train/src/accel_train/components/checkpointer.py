@@ -24,9 +24,6 @@ __all__ = ["Checkpointer", "RemovableHandle"]
 
 logger = logging.getLogger(__name__)
 
-#: Strategies whose checkpoint needs no other process: every process holds the whole model and optimizer.
-_UNSHARDED_STRATEGIES = frozenset({"single_device", "ddp"})
-
 #: The manifest's note that the per-process files come from the processes that called ``save_state``.
 _CALLERS = "callers"
 
@@ -320,7 +317,7 @@ class Checkpointer:
         Automatic naming and sharded strategies keep every process in step, as documented."""
         return (
             self.state.num_processes > 1
-            and self._strategy.name in _UNSHARDED_STRATEGIES
+            and self._strategy.main_process_saves_alone
             and not self.project_configuration.automatic_checkpoint_naming
         )
 

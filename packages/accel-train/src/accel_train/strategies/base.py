@@ -170,6 +170,11 @@ class Strategy:
     name: ClassVar[str] = "single_device"
     #: Model and optimizer state is split over processes: every rank takes part in state dicts.
     is_sharded: ClassVar[bool] = False
+    #: Every process holds the whole model and ``save_state`` into an explicit folder is the writer's
+    #: alone: the other processes add only their own files (random states) once it is published, so
+    #: ``if accelerator.is_main_process: accelerator.save_state(path)`` works as documented for DDP.
+    #: A strategy whose save is a collective (sharded state, XLA's rendezvous) leaves it `False`.
+    main_process_saves_alone: ClassVar[bool] = False
     #: ``optimizer.step`` / ``zero_grad`` of the prepared optimizer are driven by the backend.
     backend_steps_optimizer: ClassVar[bool] = False
     #: The ``mixed_precision`` modes this strategy runs with: the one compatibility table between

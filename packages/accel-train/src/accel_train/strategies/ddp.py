@@ -26,6 +26,7 @@ class DDPStrategy(Strategy):
     """
 
     name = "ddp"
+    main_process_saves_alone = True
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.state.num_processes <= 1 or not any(p.requires_grad for p in model.parameters()):

@@ -11,3 +11,4 @@ class SingleDeviceStrategy(Strategy):
     """The model runs whole on this process's device; nothing is wrapped or synchronised."""
 
     name = "single_device"
+    main_process_saves_alone = True
