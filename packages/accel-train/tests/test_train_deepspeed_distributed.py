@@ -500,3 +500,23 @@ def test_a_script_for_the_documented_system_reads_the_documented_values(ds_pool:
         ds_pool.run(rank_bad_input, "documented_api")
         == [f"stage=2 micro={BATCH} same=True auto=False norm=float:True"] * 2
     )
+
+
+def rank_config_decides_precision() -> dict:
+    reset_shared_state()
+    from accel_train import Accelerator, DeepSpeedPlugin
+
+    plugin = DeepSpeedPlugin(hf_ds_config={"bf16": {"enabled": True}, "zero_optimization": {"stage": 2}})
+    accelerator = Accelerator(deepspeed_plugin=plugin)  # no mixed_precision asked for
+    return {
+        "reported": accelerator.mixed_precision,
+        "precision": accelerator.precision.mode,
+        "fp16": plugin.deepspeed_config["fp16"],
+    }
+
+
+def test_a_config_that_enables_bf16_decides_the_precision_the_run_is_built_with(ds_pool: DistributedPool) -> None:
+    """As documented, the DeepSpeed config decides; the connector resolves it before the precision is built,
+    so what the Accelerator reports and the precision it trains with agree."""
+    result = ds_pool.run(rank_config_decides_precision)[0]
+    assert result == {"reported": "bf16", "precision": "bf16", "fp16": {"enabled": False}}

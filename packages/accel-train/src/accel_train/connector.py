@@ -234,9 +234,15 @@ def build(
         strategy_cls = strategy_class(name)
     except NotImplementedError:
         strategy_cls = None  # refused at prepare time, so that configs are still checked here
+    requested_mode = mode
     if strategy_cls is not None:
         strategy_cls.check_precision(state, PrecisionType(mode), precision_cls)
         strategy_cls.validate(state, precision_cls, mode)
+        mode = strategy_cls.resolved_mixed_precision(state, mode)
+        if mode != requested_mode:  # the backend's config decided (documented): the state reports it
+            precision_cls = precision_class(mode)
+            if "_mixed_precision" in state.__dict__:
+                state._mixed_precision = mode
         precision_cls = strategy_cls.precision_for(precision_cls, mode)
     precision = precision_cls(
         mode,
@@ -250,6 +256,8 @@ def build(
 
     checkpoint_io = CheckpointIO()
     strategy: Strategy
+    if strategy_cls is not None:
+        strategy_cls.apply_settings(state, requested_mode, precision)
     if strategy_cls is None:
         strategy = _Unavailable(name, state, precision, checkpoint_io, handlers)
     else:

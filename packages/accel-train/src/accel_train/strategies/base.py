@@ -219,6 +219,29 @@ class Strategy:
         return precision_cls
 
     @classmethod
+    def resolved_mixed_precision(cls, state: Any, mode: str) -> str:
+        """The mode the run trains in when ``mode`` is asked for (default: ``mode`` itself).
+
+        The connector calls it once, after `validate()` and before the precision is built: the precision
+        is built for this mode and the state reports it. A backend whose own config may decide the
+        precision (DeepSpeed's, as documented) answers from that config.
+        """
+        return mode
+
+    @classmethod
+    def apply_settings(cls, state: Any, requested_mode: str, precision: Precision) -> None:
+        """Write this backend's resolved settings where the documented system puts them (a plugin field
+        users read back), once, before the strategy is built (default: nothing to write).
+
+        The connector is the only caller: a strategy never writes to its plugins or to the state itself.
+
+        Args:
+            state: the run's ``AcceleratorState`` (its plugins).
+            requested_mode: the ``mixed_precision`` the run asked for (before `resolved_mixed_precision()`).
+            precision: the precision built for the resolved mode.
+        """
+
+    @classmethod
     def check_precision(cls, state: Any, mode: PrecisionType, precision_cls: type[Precision] | None = None) -> None:
         """Raise a ``ValueError`` naming the strategy and what it runs with when it cannot run ``mode``.
 

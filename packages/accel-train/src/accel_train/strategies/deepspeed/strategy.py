@@ -125,8 +125,8 @@ class DeepSpeedStrategy(Strategy):
     def validate(cls, state: Any, precision_cls: type[Precision], mode: str) -> None:
         """DeepSpeed is installed; every plugin's fp16 / bf16 sections agree with ``mixed_precision``.
 
-        Checks only (on copies of the configs): the plugins and the state are brought in line when the
-        strategy is built (`_configure()`).
+        Checks only (on copies of the configs): the connector brings the plugins and the state in line
+        (`resolved_mixed_precision()`, `apply_settings()`).
         """
         import_deepspeed()
         for plugin in (state.deepspeed_plugins or {}).values():
@@ -142,18 +142,27 @@ class DeepSpeedStrategy(Strategy):
                 )
             sequence_parallel._require_ulysses()
 
+    @classmethod
+    def resolved_mixed_precision(cls, state: Any, mode: str) -> str:
+        """As documented, a config that enables fp16 or bf16 itself decides the run's mixed precision
+        (``fp8``: FP8 layers, the engine in bf16)."""
+        if not getattr(state, "deepspeed_plugins", None):
+            return mode
+        config = copy.deepcopy(state.deepspeed_plugin.deepspeed_config)
+        dsc.resolve_mixed_precision(config, str(mode))
+        effective = dsc.effective_mixed_precision(config)
+        return "fp8" if str(mode) == "fp8" and effective == "bf16" else effective
+
+    @classmethod
+    def apply_settings(cls, state: Any, requested_mode: str, precision: Precision) -> None:
+        """Every plugin's fp16 / bf16 sections follow the requested ``mixed_precision`` (users read the
+        resolved config back from the plugin, as documented)."""
+        for plugin in (getattr(state, "deepspeed_plugins", None) or {}).values():
+            plugin.set_mixed_precision(requested_mode)
+
     def _configure(self) -> None:
-        """Make every plugin's fp16 / bf16 sections follow ``mixed_precision``; as documented, a config that
-        enables fp16 or bf16 itself decides the run's mixed precision; register ZeRO-3 init with transformers."""
-        state = self.state
-        for plugin in (state.deepspeed_plugins or {}).values():
-            plugin.set_mixed_precision(self.precision.mode)
-        effective = dsc.effective_mixed_precision(state.deepspeed_plugin.deepspeed_config)
-        if self.precision.mode == "fp8" and effective == "bf16":
-            effective = "fp8"  # FP8 layers, the engine in bf16
-        if effective != state.mixed_precision and "_mixed_precision" in state.__dict__:
-            state._mixed_precision = effective
-        active = state.deepspeed_plugin
+        """Register ZeRO-3 initialisation with transformers (its ``from_pretrained`` builds partitioned)."""
+        active = self.state.deepspeed_plugin
         if active.zero3_init_flag:
             active.set_deepspeed_weakref()
 

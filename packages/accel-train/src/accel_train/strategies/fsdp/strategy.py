@@ -96,14 +96,20 @@ class FSDPStrategy(Strategy):
         # id(original parameter) -> FSDP1 model whose flat parameters replace it (use_orig_params=False)
         self._flattened: dict[int, tuple[Any, torch.nn.Module]] = {}
         self._mesh: Any = None
-        # The precision's dtypes are known now: the plugin holds torch's policy, as the documented API does.
-        if self.plugin.mixed_precision_policy is None:
-            dtypes = self.precision.mixed_precision_dtypes()
-            if any(d is not None for d in dtypes):
-                build = fsdp1_mixed_precision if self.fsdp_version == 1 else fsdp2.fsdp2_mixed_precision_policy
-                self.plugin.mixed_precision_policy = build(None, dtypes)
 
     # -- connector hooks --------------------------------------------------------------------------
+
+    @classmethod
+    def apply_settings(cls, state: Any, requested_mode: str, precision: Precision) -> None:
+        """The precision's dtypes are known now: the plugin holds torch's mixed-precision policy, as the
+        documented API does (one the user gave is kept)."""
+        plugin = getattr(state, "fsdp_plugin", None)
+        if plugin is None or plugin.mixed_precision_policy is not None:
+            return
+        dtypes = precision.mixed_precision_dtypes()
+        if any(d is not None for d in dtypes):
+            build = fsdp1_mixed_precision if int(plugin.fsdp_version) == 1 else fsdp2.fsdp2_mixed_precision_policy
+            plugin.mixed_precision_policy = build(None, dtypes)
 
     @classmethod
     def grad_scaler_factory(cls) -> Any:
