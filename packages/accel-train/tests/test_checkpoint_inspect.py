@@ -135,18 +135,41 @@ def test_a_file_the_manifest_lists_that_is_gone_is_missing(whole, tmp_path, caps
     assert [(p["path"], p["kind"]) for p in report["problems"]] == [("random_states_0.safetensors", "missing")]
 
 
+@pytest.mark.parametrize(("process_files", "missing"), [(None, ["random_states_1.safetensors"]), ("callers", [])])
+def test_random_states_expected_of_every_process_unless_only_callers_wrote_them(
+    whole, tmp_path, process_files, missing
+) -> None:
+    folder = _copy(whole, tmp_path)
+    path = os.path.join(folder, "accel_checkpoint.json")
+    manifest = json.loads(open(path, encoding="utf-8").read())
+    manifest["num_processes"] = 2
+    if process_files:
+        manifest["process_files"] = process_files
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle)
+    report = inspect_checkpoint(folder, check_files=False)
+    assert [p["path"] for p in report["problems"]] == missing
+
+
 def test_not_a_folder_exits_2(tmp_path, capsys) -> None:
     assert command.main(["inspect", str(tmp_path / "absent")]) == command.EXIT_NOT_A_CHECKPOINT
     assert "is not a checkpoint folder" in capsys.readouterr().err
 
 
-def test_the_command_is_registered_for_accel() -> None:
+def test_the_registered_command_runs_under_accel(whole, monkeypatch, capsys) -> None:
+    """The entry point this package registers, given to the real ``accel`` parser (the installed package
+    metadata may predate it, so it is added to what the parser discovers)."""
     tomllib = pytest.importorskip("tomllib")
-
+    cli = pytest.importorskip("accel_launch.cli")
     pyproject = os.path.join(os.path.dirname(__file__), "..", "pyproject.toml")
     with open(pyproject, "rb") as handle:
-        entries = tomllib.load(handle)["project"]["entry-points"]["accel.commands"]
-    assert entries["checkpoint"] == "accel_train.commands.checkpoint:add_parser"
+        target = tomllib.load(handle)["project"]["entry-points"]["accel.commands"]["checkpoint"]
+    discovered = cli.entry_points_of
+    monkeypatch.setattr(cli, "entry_points_of", lambda group=cli.GROUP: {**discovered(group), "checkpoint": target})
+    assert cli.main(["checkpoint", "inspect", whole, "--manifest-only"]) == command.EXIT_GOOD
+    assert "status: unchecked" in capsys.readouterr().out
+    assert cli.main(["checkpoint"]) == command.EXIT_NOT_A_CHECKPOINT  # no sub-command: its help
+    assert "inspect" in capsys.readouterr().out
 
 
 def test_the_command_runs_and_its_manifest_part_imports_no_torch(whole, tmp_path) -> None:
