@@ -7,6 +7,9 @@ reads which folder of a checkpoint (by its name), and the files a DeepSpeed engi
 open. ``file_io``: how each file of a checkpoint is written and read (``CheckpointIO``), never unpickling
 code. ``safety``: what a pickle in a checkpoint may name (allow-lists, the DCP reader that applies them).
 ``folder_lock``: one writer at a time per folder. ``outcome``: every process of a save raises the same
-error. ``checkpointing`` (the folder's life and the walk over the objects) still stands at the package
+error. ``manifest``: the fields of ``accel_checkpoint.json``, read without torch; ``run_record``: what the
+run that saves is, as the manifest records it; ``resume_diff``: what a resuming run changed;
+``portability``: on which process counts and backends a folder loads; ``inspection``: the report of
+``accel checkpoint inspect``. ``checkpointing`` (the folder's life and the walk over the objects) still stands at the package
 root, where the documented module functions live.
 """

@@ -139,6 +139,102 @@ _READ_FOLDER_RE = re.compile(r"^(pytorch_model(_fsdp)?(_\d+)?|optimizer_\d+)$")
 _READ_WEIGHTS_RE = re.compile(r"^model(_\d+)?\.safetensors$")
 
 
+def _read_patterns(entries: Mapping[str, Any] | None) -> list[re.Pattern[str]]:
+    """The patterns of the sub-folders a load reads: the documented ones and the strategy's entries."""
+    return [_READ_FOLDER_RE, *entry_patterns(entries)]
+
+
+def folder_checks(
+    folder: str,
+    io_: Any,
+    ranks: Sequence[int] | None = None,
+    entries: Mapping[str, Any] | None = None,
+    failed: Callable[[str, BaseException], None] | None = None,
+) -> list[tuple[str, Callable[[], None]]]:
+    """The checks of every file a load of ``folder`` reads, as ``(label, check)`` in a stable order (see
+    `check_folder()`, which runs them). A label starts with the file's or folder's path relative to
+    ``folder``. Planning already reads what is small: a DCP folder's ``.metadata`` (refused, naming a
+    missing data file or one shorter than its items), and refuses a link out of the checkpoint.
+
+    Args:
+        folder: the checkpoint folder.
+        io_: the `CheckpointIO` whose checks apply.
+        ranks: the processes whose own files (random states, gradients) are checked; all present when
+            not given.
+        entries: the strategy's checkpoint entries (`check_folder()`).
+        failed: called with an entry and the error when planning that entry's checks fails, after which the
+            other entries are still planned (``accel checkpoint inspect`` reports every damaged entry);
+            without it, the first such error is raised.
+    """
+    from accel_bigmodel.confine import allowed_root, check_confined
+    from accel_train.checkpoint.integrity import check_rng_file, check_weights_file
+    from accel_train.checkpoint.layout import DCP_FOLDER_RE, engine_torch_files, torch_files
+
+    patterns = _read_patterns(entries)
+    sharded_patterns = [DCP_FOLDER_RE, *entry_patterns(entries, sharded_only=True)]
+    names = sorted(os.listdir(folder))
+    root = allowed_root(folder)
+    checks: list[tuple[str, Callable[[], None]]] = []
+    verified: set[bytes] = set()  # item pickles checked, shared by the model's and optimizer's folders
+
+    def file_check(relative: str, check: Callable[[str], Any] | None = None) -> tuple[str, Callable[[], None]]:
+        path = os.path.join(folder, relative)
+        check_confined(path, folder, root=root)  # a link out of the checkpoint is refused, by name
+        return f"{relative}:{os.path.getsize(path)}", functools.partial(check or io_.check_file, path)
+
+    def confine_tree(entry: str) -> None:
+        """Refuse a link anywhere in the sub-folder ``entry`` (itself included) that resolves outside."""
+        top = os.path.join(folder, entry)
+        check_confined(top, folder, root=root)
+        for current, dirs, files in os.walk(top):
+            for name in sorted(dirs) + sorted(files):
+                check_confined(os.path.join(current, name), folder, root=root)
+
+    def plan_entry(entry: str) -> list[tuple[str, Callable[[], None]]]:
+        path = os.path.join(folder, entry)
+        if os.path.isdir(path):
+            if not matches_any(entry, patterns):
+                return []  # a folder of the user's, moved along with the checkpoint: never read
+            confine_tree(entry)
+            if matches_any(entry, sharded_patterns) and os.path.isfile(os.path.join(path, ".metadata")):
+                found = io_.sharded_checks(path, verified)  # torch's reader opens the files its .metadata names
+                planned = [(f"{entry}/{label}", check) for label, check in found]
+                # and a backend may open pickled files beside it (Megatron-LM's common.pt): those too
+                return planned + [file_check(os.path.join(entry, relative)) for relative in torch_files(path)]
+            # an engine folder (or a sharded one without metadata): every pickled file in it, whatever else
+            # it holds; a DCP .metadata in it is refused by name, never taken as the sign of a DCP folder
+            return [file_check(os.path.join(entry, relative)) for relative in engine_torch_files(path)]
+        if _READ_TORCH_FILE_RE.match(entry):
+            return [file_check(entry)]
+        if _READ_WEIGHTS_RE.match(entry):
+            return [file_check(entry, check_weights_file)]
+        return []
+
+    per_process = re.compile(rf"^(?:{FILE_NAMES['rng']}|{FILE_NAMES['grads']})_(\d+)\.safetensors$")
+    present = sorted({int(match.group(1)) for match in map(per_process.match, names) if match})
+    own_files = [
+        (name, check)
+        for rank in (present if ranks is None else ranks)
+        for name, check in ((rng_file(rank), check_rng_file), (grads_file(rank), check_weights_file))
+        if os.path.isfile(os.path.join(folder, name))
+    ]
+    for entry in names:
+        try:
+            checks.extend(plan_entry(entry))
+        except Exception as error:
+            if failed is None:
+                raise
+            failed(entry, error)
+    for name, check in own_files:
+        try:
+            checks.append(file_check(name, check))
+        except Exception as error:
+            if failed is None:
+                raise
+            failed(name, error)
+    return checks
+
+
 def check_folder(
     folder: str,
     io_: Any,
@@ -154,7 +250,8 @@ def check_folder(
     ``.bin`` / ``.pkl`` / ``.pth`` in them at any depth, a DeepSpeed tag for example: the kind of a folder
     comes from its name, so a ``.metadata`` planted there is refused instead of turning the checks off).
     With ``distributed`` and a folder that the processes read together (sharded or engine state), each
-    process checks its share and all raise the same error (`run_checks()`).
+    process checks its share and all raise the same error (`run_checks()`). The checks are those of
+    `folder_checks()`.
 
     Args:
         folder: the checkpoint folder.
@@ -176,73 +273,13 @@ def check_folder(
             the checkpoint (the link and its target named).
         CorruptCheckpointError: a file is damaged (named, with what was expected and found).
     """
-    from accel_bigmodel.confine import allowed_root, check_confined
-    from accel_train.checkpoint.integrity import check_rng_file, check_weights_file
-    from accel_train.checkpoint.layout import DCP_FOLDER_RE, engine_torch_files, torch_files
     from accel_train.checkpoint.safety import run_checks
 
-    patterns = [_READ_FOLDER_RE, *entry_patterns(entries)]
-    sharded_patterns = [DCP_FOLDER_RE, *entry_patterns(entries, sharded_only=True)]
-    names = sorted(os.listdir(folder))
-
-    def read_folder(entry: str) -> bool:
-        """Whether ``entry`` is a sub-folder that the load reads."""
-        return matches_any(entry, patterns) and os.path.isdir(os.path.join(folder, entry))
-
-    shared = distributed and any(read_folder(e) for e in names)
-
-    root = allowed_root(folder)
-
-    def file_check(relative: str, check: Callable[[str], Any] | None = None) -> tuple[str, Callable[[], None]]:
-        path = os.path.join(folder, relative)
-        check_confined(path, folder, root=root)  # a link out of the checkpoint is refused, by name
-        return f"{relative}:{os.path.getsize(path)}", functools.partial(check or io_.check_file, path)
-
-    def confine_tree(entry: str) -> None:
-        """Refuse a link anywhere in the sub-folder ``entry`` (itself included) that resolves outside."""
-        top = os.path.join(folder, entry)
-        check_confined(top, folder, root=root)
-        for current, dirs, files in os.walk(top):
-            for name in sorted(dirs) + sorted(files):
-                check_confined(os.path.join(current, name), folder, root=root)
-
-    def plan() -> list[tuple[str, Callable[[], None]]]:
-        checks: list[tuple[str, Callable[[], None]]] = []
-        verified: set[bytes] = set()  # item pickles checked, shared by the model's and optimizer's folders
-
-        def sharded(relative: str) -> None:
-            found = io_.sharded_checks(os.path.join(folder, relative), verified)
-            checks.extend((f"{relative}/{label}", check) for label, check in found)
-
-        for entry in names:
-            path = os.path.join(folder, entry)
-            if os.path.isdir(path):
-                if not read_folder(entry):
-                    continue  # a folder of the user's, moved along with the checkpoint: never read
-                confine_tree(entry)
-                if matches_any(entry, sharded_patterns) and os.path.isfile(os.path.join(path, ".metadata")):
-                    sharded(entry)  # torch's reader opens the files its .metadata names
-                    # and a backend may open pickled files beside it (Megatron-LM's common.pt): those too
-                    for relative in torch_files(path):
-                        checks.append(file_check(os.path.join(entry, relative)))
-                    continue
-                # an engine folder (or a sharded one without metadata): every pickled file in it, whatever else
-                # it holds; a DCP .metadata in it is refused by name, never taken as the sign of a DCP folder
-                for relative in engine_torch_files(path):
-                    checks.append(file_check(os.path.join(entry, relative)))
-            elif _READ_TORCH_FILE_RE.match(entry):
-                checks.append(file_check(entry))
-            elif _READ_WEIGHTS_RE.match(entry):
-                checks.append(file_check(entry, check_weights_file))
-        per_process = re.compile(rf"^(?:{FILE_NAMES['rng']}|{FILE_NAMES['grads']})_(\d+)\.safetensors$")
-        present = sorted({int(match.group(1)) for match in map(per_process.match, names) if match})
-        for rank in present if ranks is None else ranks:
-            for name, check in ((rng_file(rank), check_rng_file), (grads_file(rank), check_weights_file)):
-                if os.path.isfile(os.path.join(folder, name)):
-                    checks.append(file_check(name, check))
-        return checks
-
-    run_checks(plan, distributed=shared)
+    patterns = _read_patterns(entries)
+    shared = distributed and any(
+        matches_any(entry, patterns) and os.path.isdir(os.path.join(folder, entry)) for entry in os.listdir(folder)
+    )
+    run_checks(lambda: folder_checks(folder, io_, ranks=ranks, entries=entries), distributed=shared)
 
 
 def check_model_shapes(folder: str, models: Sequence[Any], model_entries: Sequence[str], strategy: Any) -> None:

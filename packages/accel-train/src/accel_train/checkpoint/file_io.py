@@ -377,7 +377,7 @@ def read_manifest(folder: str) -> dict[str, Any] | None:
     Args:
         folder: the checkpoint folder.
     """
-    from accel_train.checkpoint.integrity import read_manifest_file
+    from accel_train.checkpoint.manifest import read_manifest_file
 
     path = os.path.join(folder, MANIFEST_NAME)
     if not os.path.isfile(path):

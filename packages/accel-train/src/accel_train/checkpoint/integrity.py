@@ -16,6 +16,7 @@ gradient ``.safetensors`` files        not JSON (`check_safetensors_file()`)
 ``torch.save`` files                   the file, the pickle's CRC-32 differs, or the pickle stream ends early
                                        or holds a byte that is no opcode (`accel_bigmodel.integrity`)
 ``accel_checkpoint.json``              it is not JSON, or not an object with the manifest's fields
+                                       (`accel_train.checkpoint.manifest`, which reads it without torch)
 =====================================  ======================================================================
 """
 
@@ -28,6 +29,7 @@ from typing import Any, BinaryIO
 from accel_bigmodel.integrity import damaged_torch_file, pickle_damage
 from accel_bigmodel.tensor_io import check_safetensors_file
 from accel_state.errors import CorruptCheckpointError, UnsafeCheckpointError
+from accel_train.checkpoint.manifest import read_manifest_file
 
 __all__ = [
     "check_rng_file",
@@ -44,22 +46,6 @@ SCAN_LIMIT = 64 * 1024 * 1024
 _RNG_JSON = {"random_state": 3, "numpy_random_seed": 5}
 #: Where the words of each JSON generator state are (item index) and how many there are (Mersenne Twister).
 _JSON_WORDS = {"random_state": (1, 625), "numpy_random_seed": (1, 624)}
-
-#: The manifest's fields and the types they hold (a field may be absent: older or other writers).
-_MANIFEST_FIELDS: dict[str, tuple[type, ...]] = {
-    "format_version": (int,),
-    "num_processes": (int,),
-    "step": (int, type(None)),
-    "safe_serialization": (bool,),
-    "strategy": (str,),
-    "process_files": (str,),
-    "models": (list,),
-    "optimizers": (list,),
-    "schedulers": (list,),
-    "dataloaders": (list,),
-    "custom": (list,),
-    "scaler": (str, type(None)),
-}
 
 
 def is_weights_only_error(error: BaseException) -> bool:
@@ -209,42 +195,3 @@ def _check_torch_states(path: str, locations: dict[str, Any]) -> None:
                 f"the generator state {name!r} as {want.dtype} of shape {tuple(want.shape)} (what this torch takes)",
                 f"{location.dtype} of shape {tuple(location.shape)}",
             )
-
-
-def _manifest_problem(data: Any) -> str | None:
-    if not isinstance(data, dict):
-        return f"a JSON {type(data).__name__}"
-    for key, types in _MANIFEST_FIELDS.items():
-        if key not in data:
-            continue
-        value = data[key]
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            return f"{key!r} = {str(value)[:80]!r}"
-    if isinstance(data.get("num_processes"), int) and data["num_processes"] < 1:
-        return f"'num_processes' = {data['num_processes']}"
-    return None
-
-
-def read_manifest_file(path: str) -> dict[str, Any]:
-    """The manifest ``accel_checkpoint.json`` at ``path``, checked to be a JSON object whose fields hold what
-    accel writes there (absent fields are allowed).
-
-    Args:
-        path: the manifest file.
-
-    Raises:
-        CorruptCheckpointError: the file is not JSON, or not the manifest's structure.
-    """
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
-        raise CorruptCheckpointError(
-            path, "the checkpoint's manifest in JSON", f"bytes that are not JSON ({err})"
-        ) from None
-    problem = _manifest_problem(data)
-    if problem is not None:
-        raise CorruptCheckpointError(
-            path, "a JSON object with the manifest's fields (format_version, num_processes, step ...)", problem
-        )
-    return data

@@ -17,7 +17,7 @@ import torch
 from accel_train._lazy_modules import checkpoint_file_io as io
 from accel_train._lazy_modules import checkpointing as ckpt
 from accel_train._lazy_modules import preemption
-from accel_train.checkpoint import numbering, outcome
+from accel_train.checkpoint import numbering, outcome, resume_diff, run_record
 from accel_train.checkpoint.folder_lock import FolderLock
 
 __all__ = ["Checkpointer", "RemovableHandle"]
@@ -83,6 +83,9 @@ class Checkpointer:
     precision: Any
     step: int
     _rewind_active_loader: bool = False
+    #: What differed between the run that saved the last checkpoint ``load_state`` read and this run (an
+    #: accel extension): one `CheckpointDifference` per setting, empty when they agree or nothing was loaded.
+    checkpoint_differences: tuple[resume_diff.CheckpointDifference, ...] = ()
 
     # -- who writes -------------------------------------------------------------------------------
 
@@ -274,21 +277,25 @@ class Checkpointer:
             to_save = [(models[i] if i < len(models) else None, w) for i, w in enumerate(weights)]
 
         manifest: dict[str, Any] = {
-            "num_processes": self.state.num_processes,
+            **self._run_description(),
             "step": self.step,
             "safe_serialization": bool(safe_serialization),
-            "strategy": strategy.name,
         }
+        manifest["gradient_accumulation"]["mid_accumulation"] = not self.gradient_state.sync_gradients  # type: ignore[attr-defined]
         if alone:
             manifest["process_files"] = _CALLERS
         active = self.gradient_state.active_dataloader if self._rewind_active_loader else None  # type: ignore[attr-defined]
+        positions: list[dict[str, Any]] = manifest.setdefault("data", [])
 
         def loader_state(loader: Any) -> dict[str, Any]:
             if active is None or loader is not active:
-                return loader.state_dict()
-            # Saved when a step starts (preemption): that step's batch is read again on resume.
-            rewound = getattr(loader, "rewound_state_dict", None)  # prepared loaders (torchdata's too)
-            return rewound() if rewound else preemption.rewind_loader_state(loader.state_dict())
+                state = loader.state_dict()
+            else:
+                # Saved when a step starts (preemption): that step's batch is read again on resume.
+                rewound = getattr(loader, "rewound_state_dict", None)  # prepared loaders (torchdata's too)
+                state = rewound() if rewound else preemption.rewind_loader_state(loader.state_dict())
+            positions.append(run_record.data_position(state, loader))
+            return state
 
         written = ckpt.write_objects(
             tmp,
@@ -319,6 +326,15 @@ class Checkpointer:
             self.state.num_processes > 1
             and self._strategy.main_process_saves_alone
             and not self.project_configuration.automatic_checkpoint_naming
+        )
+
+    def _run_description(self) -> dict[str, Any]:
+        """What this run is, as the manifest records it (world size, backend, mesh, precision, versions ...)."""
+        return run_record.describe_run(
+            num_processes=self.state.num_processes,
+            strategy=self._strategy,
+            mixed_precision=self.state.mixed_precision,
+            accumulation_steps=self.gradient_state.num_steps,  # type: ignore[attr-defined]
         )
 
     def _accumulated_gradients(self) -> dict[str, torch.Tensor] | None:
@@ -394,6 +410,10 @@ class Checkpointer:
         Never unpickles Python objects; a folder that does not match what was prepared is an error
         that lists the missing and extra files.
 
+        What differs between the run that saved and this one (world size, backend and its settings, mesh,
+        precision, accumulation steps, library versions) is logged, one INFO line each
+        (``resume: num_processes 2 -> 1``), and kept in ``checkpoint_differences`` (an accel extension).
+
         Args:
             input_dir: the checkpoint folder; `None` loads the latest one with automatic naming.
             load_kwargs: options for loading optimizer states, such as ``map_location`` (default `None`).
@@ -425,6 +445,7 @@ class Checkpointer:
         strategy = self._strategy
         io_ = strategy.checkpoint_io
         manifest = io_.read_manifest(folder)
+        self._report_differences(manifest)
         objects = self._training_objects()
         dataloaders = [loader for loader in objects.dataloaders if hasattr(loader, "load_state_dict")]
         model_files = ckpt.check_contents(
@@ -469,6 +490,15 @@ class Checkpointer:
         if config.continue_numbering_on_load:  # accel's opt-in; as documented, loading leaves it alone
             config.iteration = numbering.continued_iteration(config.iteration, input_dir)
         logger.info("loaded state from %s", folder)
+
+    def _report_differences(self, manifest: dict[str, Any] | None) -> None:
+        """Compare the checkpoint's manifest with this run: one INFO line per difference (on the main process),
+        and ``checkpoint_differences`` on every process."""
+        found = tuple(resume_diff.differences(manifest, self._run_description()))
+        self.checkpoint_differences = found
+        if self.state.is_main_process:
+            for difference in found:
+                logger.info("%s", difference)
 
     # -- single objects and models ------------------------------------------------------------------
 

@@ -509,6 +509,11 @@ class Strategy:
             "optimizer": CheckpointEntry(ckpt.OPTIMIZER_FILE_PATTERN, ckpt.optimizer_file),
         }
 
+    def checkpoint_settings(self) -> dict[str, Any]:
+        """This backend's main settings as plain JSON values, recorded in the checkpoint's manifest
+        (``backend_settings``) so that a resume can say which of them changed (none here)."""
+        return {}
+
     def checkpoint_weights(self, model: torch.nn.Module) -> dict[str, Any] | None:
         """The weights ``save_state`` writes and shows its pre-hooks (``None``: the strategy writes shards)."""
         return self.model_state_dict(model)

@@ -448,6 +448,15 @@ class DeepSpeedStrategy(Strategy):
             "optimizer": CheckpointEntry(rf"^{_OPTIMIZER_MARKER}(?:_(\d+))?\.json$", _optimizer_marker),
         }
 
+    def checkpoint_settings(self) -> dict[str, Any]:
+        """The ZeRO stage and where optimizer states and parameters are offloaded."""
+        plugin = self.plugin
+        return {
+            "zero_stage": plugin.zero_stage,
+            "offload_optimizer_device": plugin.offload_optimizer_device,
+            "offload_param_device": plugin.offload_param_device,
+        }
+
     def checkpoint_weights(self, model: torch.nn.Module) -> dict[str, Any] | None:
         return None
 

@@ -458,6 +458,14 @@ class FSDPStrategy(Strategy):
             ),
         }
 
+    def checkpoint_settings(self) -> dict[str, Any]:
+        """FSDP's version, sharding strategy and state-dict type (what decides how the checkpoint reshards)."""
+        return {
+            "fsdp_version": self.fsdp_version,
+            "sharding_strategy": self._sharding(),
+            "state_dict_type": setting_name(self.plugin.state_dict_type),
+        }
+
     def checkpoint_weights(self, model: torch.nn.Module) -> dict[str, Any] | None:
         from accel_state.state import GradientState
 
