@@ -115,3 +115,54 @@ class AcceleratedScheduler:
 
     def __repr__(self) -> str:
         return f"AcceleratedScheduler({self.scheduler!r})"
+
+
+class StandInScheduler:
+    """A scheduler that a backend builds itself (DeepSpeed's config, Megatron-LM) stands as this in the
+    script until ``prepare`` replaces it with the real one; the stand-in holds no state and cannot step.
+
+    Subclasses name what replaces them in `replaced_by`.
+
+    Args:
+        optimizer: the optimizer it schedules.
+        total_num_steps: optimizer steps of the whole run.
+        warmup_num_steps: steps of warm-up.
+        **kwargs: other scheduler settings, kept in `kwargs`.
+    """
+
+    #: What ``prepare`` puts in the stand-in's place (named in the error of `step()`).
+    replaced_by: str = "the scheduler the backend builds"
+
+    def __init__(
+        self, optimizer: Any, total_num_steps: int | None = None, warmup_num_steps: int = 0, **kwargs: Any
+    ) -> None:
+        self.optimizer = optimizer
+        self.total_num_steps = total_num_steps
+        self.warmup_num_steps = warmup_num_steps
+        self.kwargs = kwargs
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        """Not available: ``prepare`` replaces the stand-in with the real scheduler.
+
+        Args:
+            *args: Accepted for the scheduler signature; unused.
+            **kwargs: Accepted for the scheduler signature; unused.
+
+        Raises:
+            RuntimeError: Always.
+        """
+        raise RuntimeError(
+            f"{type(self).__name__} only stands for {self.replaced_by}; pass it to `accelerator.prepare` and use "
+            "the scheduler it returns"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """An empty dict: the stand-in holds no state."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Nothing to load: the real scheduler is built by ``prepare``.
+
+        Args:
+            state_dict: Ignored.
+        """

@@ -18,7 +18,7 @@ import torch
 from accel_state.imports import is_deepspeed_available
 from accel_state.install_hints import install_hint
 from accel_train.optimizer import AcceleratedOptimizer
-from accel_train.scheduler import AcceleratedScheduler
+from accel_train.scheduler import AcceleratedScheduler, StandInScheduler
 from accel_train.strategies.deepspeed.config import get_value, load_config
 
 __all__ = [
@@ -228,7 +228,7 @@ class DummyOptim(torch.optim.Optimizer):
         )
 
 
-class DummyScheduler:
+class DummyScheduler(StandInScheduler):
     """Stands for the scheduler defined in the DeepSpeed config (or built by ``lr_scheduler_callable``).
 
     Args:
@@ -239,6 +239,8 @@ class DummyScheduler:
         **kwargs: other arguments, kept in `kwargs`.
     """
 
+    replaced_by = "the scheduler of the DeepSpeed config"
+
     def __init__(
         self,
         optimizer: Any,
@@ -247,37 +249,8 @@ class DummyScheduler:
         lr_scheduler_callable: Callable[[Any], Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        self.optimizer = optimizer
-        self.total_num_steps = total_num_steps
-        self.warmup_num_steps = warmup_num_steps
+        super().__init__(optimizer, total_num_steps, warmup_num_steps, **kwargs)
         self.lr_scheduler_callable = lr_scheduler_callable
-        self.kwargs = kwargs
-
-    def step(self, *args: Any, **kwargs: Any) -> None:
-        """Not available: ``prepare`` replaces this stand-in with the scheduler of the DeepSpeed config.
-
-        Args:
-            *args: Accepted for the scheduler signature; unused.
-            **kwargs: Accepted for the scheduler signature; unused.
-
-        Raises:
-            RuntimeError: Always.
-        """
-        raise RuntimeError(
-            "DummyScheduler only stands for the scheduler of the DeepSpeed config; pass it to "
-            "`accelerator.prepare` and use the scheduler it returns"
-        )
-
-    def state_dict(self) -> dict[str, Any]:
-        """An empty dict: the stand-in holds no state."""
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Nothing to load: the real scheduler is built by ``prepare``.
-
-        Args:
-            state_dict: A state dict, ignored.
-        """
 
 
 # -- what prepare returns ---------------------------------------------------------------------------

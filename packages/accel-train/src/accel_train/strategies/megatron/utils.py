@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from accel_train.scheduler import StandInScheduler
+
 __all__ = [
     "MegatronLMDummyDataLoader",
     "MegatronLMDummyScheduler",
@@ -12,7 +14,7 @@ __all__ = [
 ]
 
 
-class MegatronLMDummyScheduler:
+class MegatronLMDummyScheduler(StandInScheduler):
     """Stands for the learning-rate scheduler Megatron-LM builds itself (``OptimizerParamScheduler``).
 
     ``prepare`` replaces it with megatron-core's scheduler over megatron-core's optimizer.
@@ -24,6 +26,8 @@ class MegatronLMDummyScheduler:
         **kwargs: kept in `kwargs` (other scheduler settings).
     """
 
+    replaced_by = "the scheduler Megatron-LM builds"
+
     def __init__(
         self, optimizer: Any, total_num_steps: int | None = None, warmup_num_steps: int = 0, **kwargs: Any
     ) -> None:
@@ -31,39 +35,7 @@ class MegatronLMDummyScheduler:
             raise ValueError(f"MegatronLMDummyScheduler.total_num_steps must be >= 1, got {total_num_steps}")
         if warmup_num_steps < 0:
             raise ValueError(f"MegatronLMDummyScheduler.warmup_num_steps must be >= 0, got {warmup_num_steps}")
-        self.optimizer = optimizer
-        self.total_num_steps = total_num_steps
-        self.warmup_num_steps = warmup_num_steps
-        self.kwargs = kwargs
-
-    # The scheduler methods make ``prepare`` see a scheduler here (and hand it to the strategy, which
-    # builds megatron-core's); the stand-in itself cannot be stepped.
-
-    def step(self, *args: Any, **kwargs: Any) -> None:
-        """Not available: ``prepare`` replaces this stand-in with megatron-core's scheduler.
-
-        Args:
-            *args: Accepted for the scheduler signature; unused.
-            **kwargs: Accepted for the scheduler signature; unused.
-
-        Raises:
-            RuntimeError: Always.
-        """
-        raise RuntimeError(
-            "MegatronLMDummyScheduler only stands for the scheduler Megatron-LM builds; pass it to "
-            "`accelerator.prepare` and use the scheduler it returns"
-        )
-
-    def state_dict(self) -> dict[str, Any]:
-        """An empty dict: the stand-in holds no state."""
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Nothing to load: the real scheduler is built by ``prepare``.
-
-        Args:
-            state_dict: Ignored.
-        """
+        super().__init__(optimizer, total_num_steps, warmup_num_steps, **kwargs)
 
 
 class MegatronLMDummyDataLoader:
