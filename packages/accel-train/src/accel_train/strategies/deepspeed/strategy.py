@@ -24,7 +24,7 @@ import copy
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
@@ -32,6 +32,7 @@ from accel_state.enums import PrecisionType
 from accel_train import checkpointing as ckpt
 from accel_train.checkpoint.file_io import writing
 from accel_train.precisions.base import Precision
+from accel_train.precisions.engine import EnginePrecision, no_scaler
 from accel_train.precisions.fp8 import EngineFP8Precision
 from accel_train.strategies.base import CheckpointEntry, Prepared, Strategy
 from accel_train.strategies.deepspeed import config as dsc
@@ -53,22 +54,6 @@ logger = logging.getLogger(__name__)
 _MODEL_TAG = ckpt.FILE_NAMES["engine"]
 _OPTIMIZER_MARKER = ckpt.FILE_NAMES["engine_optimizer"]
 _FROZEN_WEIGHTS = ckpt.model_file(0, True)
-
-
-class EnginePrecision(Precision):
-    """The precision under DeepSpeed: the engine casts the model and scales the loss itself, so there is
-    no autocast and no gradient scaler here; ``mode`` only reports what the config trains in."""
-
-    modes: ClassVar[tuple[str, ...]] = ("no", "fp16", "bf16")
-
-    @property
-    def native_amp(self) -> bool:
-        return False
-
-
-def _no_scaler(*args: Any, **kwargs: Any) -> None:
-    """Gradient-scaler factory giving none: DeepSpeed's fp16 loss scaler lives in the engine."""
-    return None
 
 
 def _engine_tag(index: int) -> str:
@@ -115,7 +100,7 @@ class DeepSpeedStrategy(Strategy):
 
     @classmethod
     def grad_scaler_factory(cls) -> Callable[..., Any] | None:
-        return _no_scaler
+        return no_scaler
 
     @classmethod
     def precision_for(cls, precision_cls: type[Precision], mode: str) -> type[Precision]:

@@ -19,14 +19,14 @@ import contextlib
 import dataclasses
 import os
 from collections.abc import Iterable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
 from accel_state.install_hints import install_hint
 from accel_train.checkpoint import megatron_io
 from accel_train.parallel_plugins import BackendNotAvailableError
-from accel_train.precisions.base import Precision
+from accel_train.precisions.engine import EnginePrecision, no_scaler
 from accel_train.strategies.base import CheckpointEntry, ParallelDims, Prepared, Strategy
 from accel_train.strategies.megatron import config as translate
 from accel_train.strategies.megatron.engine import (
@@ -45,20 +45,9 @@ class MegatronCUDARequiredError(BackendNotAvailableError):
     """megatron-core's model, optimizer and schedules run on CUDA only."""
 
 
-class MegatronPrecision(Precision):
+class MegatronPrecision(EnginePrecision):
     """The precision under Megatron-LM: megatron-core casts the model and scales the loss (its configs'
-    ``bf16`` / ``fp16``), so there is no autocast and no gradient scaler; ``mode`` reports the dtype."""
-
-    modes: ClassVar[tuple[str, ...]] = ("no", "fp16", "bf16")
-
-    @property
-    def native_amp(self) -> bool:
-        return False
-
-
-def _no_scaler(*args: Any, **kwargs: Any) -> None:
-    """Gradient-scaler factory giving none: megatron-core's optimizer holds the fp16 loss scaler."""
-    return None
+    ``bf16`` / ``fp16``); ``mode`` reports the dtype."""
 
 
 def megatron_core_available() -> bool:
@@ -113,7 +102,7 @@ class MegatronLMStrategy(Strategy):
 
     @classmethod
     def grad_scaler_factory(cls) -> Any:
-        return _no_scaler
+        return no_scaler
 
     def _initialize_parallel_state(self) -> None:
         import torch.distributed as dist
