@@ -13,7 +13,7 @@ import torch
 from accel_state.nested import send_to_device
 from accel_state.state import GradientState
 
-__all__ = ["AcceleratedOptimizer"]
+__all__ = ["AcceleratedOptimizer", "unwrap_optimizer"]
 
 
 class AcceleratedOptimizer(torch.optim.Optimizer):
@@ -152,3 +152,14 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"AcceleratedOptimizer({self.optimizer!r})"
+
+
+def unwrap_optimizer(optimizer: Any) -> Any:
+    """The optimizer inside any number of `AcceleratedOptimizer` wrappers (``optimizer`` itself if none).
+
+    Args:
+        optimizer: a prepared optimizer, or a plain ``torch.optim.Optimizer``.
+    """
+    while isinstance(optimizer, AcceleratedOptimizer):
+        optimizer = optimizer.optimizer
+    return optimizer

@@ -39,6 +39,7 @@ from accel_train.wrappers import compile_model, unwrap_model
 
 if TYPE_CHECKING:
     from accel_train.checkpoint.file_io import CheckpointIO
+from accel_train.optimizer import unwrap_optimizer
 
 __all__ = [
     "CheckpointEntry",
@@ -440,7 +441,7 @@ class Strategy:
     def unscale_gradients(self, optimizers: Iterable[Any]) -> None:
         """Divide scaled gradients by the scale, once per optimizer."""
         for optimizer in optimizers:
-            self.precision.unscale_(_inner_optimizer(optimizer))
+            self.precision.unscale_(unwrap_optimizer(optimizer))
 
     def clip_grad_norm_(
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float, optimizers: Iterable[Any]
@@ -576,14 +577,6 @@ def _is_low_bit(model: torch.nn.Module) -> bool:
 
 def _has_meta(model: torch.nn.Module) -> bool:
     return any(t.device.type == "meta" for t in itertools.chain(model.parameters(), model.buffers()))
-
-
-def _inner_optimizer(optimizer: Any) -> Any:
-    from accel_train.optimizer import AcceleratedOptimizer
-
-    while isinstance(optimizer, AcceleratedOptimizer):
-        optimizer = optimizer.optimizer
-    return optimizer
 
 
 def _materialised(model: torch.nn.Module) -> dict[str, Any]:

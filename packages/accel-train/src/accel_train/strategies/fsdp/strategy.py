@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from accel_train import checkpointing as ckpt
+from accel_train.optimizer import unwrap_optimizer
 from accel_train.precisions.base import Precision
 from accel_train.strategies.base import CheckpointEntry, ParallelDims, Strategy
 from accel_train.strategies.fsdp import fsdp1, fsdp2
@@ -68,14 +69,6 @@ def _is_fsdp2(model: Any) -> bool:
 
 def _inner(model: Any) -> Any:
     return model._orig_mod if is_compiled(model) else model
-
-
-def _inner_optimizer(optimizer: Any) -> Any:
-    from accel_train.optimizer import AcceleratedOptimizer
-
-    while isinstance(optimizer, AcceleratedOptimizer):
-        optimizer = optimizer.optimizer
-    return optimizer
 
 
 def _has_meta(model: torch.nn.Module) -> bool:
@@ -413,7 +406,7 @@ class FSDPStrategy(Strategy):
         return fsdp_state.full_model_state_dict(_inner(model))
 
     def _model_of(self, optimizer: Any) -> torch.nn.Module:
-        inner = _inner_optimizer(optimizer)
+        inner = unwrap_optimizer(optimizer)
         ids = {id(p) for group in inner.param_groups for p in group["params"]}
         owners = [m for m in self._models if ids & {id(p) for p in m.parameters()}]
         if not owners:
@@ -421,10 +414,10 @@ class FSDPStrategy(Strategy):
         return owners[0] if len(owners) == 1 else torch.nn.ModuleList(owners)
 
     def optimizer_state_dict(self, optimizer: Any) -> dict[str, Any]:
-        return fsdp_state.full_optimizer_state_dict(self._model_of(optimizer), _inner_optimizer(optimizer))
+        return fsdp_state.full_optimizer_state_dict(self._model_of(optimizer), unwrap_optimizer(optimizer))
 
     def load_optimizer_state_dict(self, optimizer: Any, state_dict: dict[str, Any]) -> None:
-        fsdp_state.load_full_optimizer_state_dict(self._model_of(optimizer), _inner_optimizer(optimizer), state_dict)
+        fsdp_state.load_full_optimizer_state_dict(self._model_of(optimizer), unwrap_optimizer(optimizer), state_dict)
 
     def accumulated_gradients(self, models: Sequence[torch.nn.Module]) -> dict[str, torch.Tensor]:
         if any(_is_fsdp2(m) for m in self._models):
@@ -517,7 +510,7 @@ class FSDPStrategy(Strategy):
             return super().save_optimizer_checkpoint(optimizer, folder, index, is_writer)
         name = ckpt.sharded_optimizer_dir(index)
         fsdp_state.save_sharded_optimizer(
-            self._model_of(optimizer), _inner_optimizer(optimizer), os.path.join(folder, name), io=self.checkpoint_io
+            self._model_of(optimizer), unwrap_optimizer(optimizer), os.path.join(folder, name), io=self.checkpoint_io
         )
         return name
 
@@ -527,7 +520,7 @@ class FSDPStrategy(Strategy):
         path = os.path.join(folder, ckpt.sharded_optimizer_dir(index))
         if os.path.isdir(path):
             fsdp_state.load_sharded_optimizer(
-                self._model_of(optimizer), _inner_optimizer(optimizer), path, io=self.checkpoint_io
+                self._model_of(optimizer), unwrap_optimizer(optimizer), path, io=self.checkpoint_io
             )
             return
         super().load_optimizer_checkpoint(optimizer, folder, index, "cpu")

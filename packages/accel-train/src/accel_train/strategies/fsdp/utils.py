@@ -23,6 +23,7 @@ import torch
 from accel_train import checkpointing as ckpt
 from accel_train.checkpoint import file_io
 from accel_train.checkpoint.merge import merge_fsdp_weights
+from accel_train.optimizer import unwrap_optimizer
 from accel_train.strategies.fsdp import state as fsdp_state
 from accel_train.strategies.fsdp.plugin import setting_name
 from accel_train.strategies.fsdp.wrap import canonical_name, resolve_wrap_classes
@@ -77,10 +78,6 @@ def _optimizer_file(index: int) -> str:
 
 def _inner(model: Any) -> Any:
     return getattr(model, "_orig_mod", model)
-
-
-def _raw_optimizer(optimizer: Any) -> Any:
-    return getattr(optimizer, "optimizer", optimizer)
 
 
 def save_fsdp_model(
@@ -159,9 +156,9 @@ def save_fsdp_optimizer(
     os.makedirs(output_dir, exist_ok=True)
     if _sharded(fsdp_plugin):
         path = os.path.join(output_dir, ckpt.sharded_optimizer_dir(optimizer_index))
-        fsdp_state.save_sharded_optimizer(_inner(model), _raw_optimizer(optimizer), path)
+        fsdp_state.save_sharded_optimizer(_inner(model), unwrap_optimizer(optimizer), path)
         return path
-    state = fsdp_state.full_optimizer_state_dict(_inner(model), _raw_optimizer(optimizer))
+    state = fsdp_state.full_optimizer_state_dict(_inner(model), unwrap_optimizer(optimizer))
     path = os.path.join(output_dir, _optimizer_file(optimizer_index))
     if accelerator.is_main_process:
         file_io.save_torch(state, path)
@@ -190,12 +187,12 @@ def load_fsdp_optimizer(
     """
     folder = os.path.join(input_dir, ckpt.sharded_optimizer_dir(optimizer_index))
     if os.path.isdir(folder):
-        fsdp_state.load_sharded_optimizer(_inner(model), _raw_optimizer(optimizer), folder)
+        fsdp_state.load_sharded_optimizer(_inner(model), unwrap_optimizer(optimizer), folder)
         return
     from accel_train.checkpoint.file_io import load_torch
 
     state = load_torch(os.path.join(input_dir, _optimizer_file(optimizer_index)))
-    fsdp_state.load_full_optimizer_state_dict(_inner(model), _raw_optimizer(optimizer), state)
+    fsdp_state.load_full_optimizer_state_dict(_inner(model), unwrap_optimizer(optimizer), state)
 
 
 def get_fsdp2_grad_scaler(**kwargs: Any) -> Any:
