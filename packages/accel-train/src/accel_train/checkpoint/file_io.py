@@ -270,10 +270,16 @@ def rng_states(
     return tensors, metadata
 
 
-def save_rng(path: str, extra_generators: Mapping[str, torch.Generator] | None = None) -> None:
+def save_rng(
+    path: str,
+    extra_generators: Mapping[str, torch.Generator] | None = None,
+    states: tuple[dict[str, torch.Tensor], dict[str, str]] | None = None,
+) -> None:
+    """Write the generators' states: ``states`` when given (taken earlier by `rng_states()`, as an
+    asynchronous save does when it is called), else the states they have now."""
     from safetensors.torch import save_file
 
-    tensors, metadata = rng_states(extra_generators)
+    tensors, metadata = states if states is not None else rng_states(extra_generators)
     save_file({k: v.contiguous() for k, v in tensors.items()}, path, metadata=metadata)
 
 
@@ -376,10 +382,11 @@ class CheckpointIO:
     def load_object(self, path: str, map_location: Any = "cpu") -> Any:
         return load_torch(path, map_location=map_location)
 
-    def save_rng(self, path: str) -> None:
-        """This process's random-number-generator states (tensors and JSON, no pickle)."""
+    def save_rng(self, path: str, states: tuple[dict[str, torch.Tensor], dict[str, str]] | None = None) -> None:
+        """This process's random-number-generator states (tensors and JSON, no pickle): ``states`` when
+        given (taken by `rng_states()` when an asynchronous save was called), else the current ones."""
         with writing(path):
-            save_rng(path)
+            save_rng(path, states=states)
 
     def load_rng(self, path: str) -> None:
         load_rng(path)

@@ -1,0 +1,150 @@
+"""Staging for an asynchronous save: a copy of the training state, taken when ``save_state`` is called.
+
+An asynchronous save writes while training goes on, so what it writes must not be the live tensors
+(the next optimizer step changes them in place). `stage_objects()` takes every object's state dict once
+and copies each tensor into CPU memory of its own; the result is a `TrainingObjects` of write-only
+`Snapshot` objects that `accel_train.checkpoint.walk.write_objects` writes like the live ones, so the
+asynchronous path writes the same files, through the same writers, as the synchronous one.
+
+Tensors that share memory in the live state (tied weights, views of one buffer) share it in the copy
+too, so a file that stores shared tensors once does so for a staged state as well.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from accel_train.checkpoint.walk import TrainingObjects
+
+__all__ = ["Snapshot", "StagedState", "cpu_copy", "stage_objects"]
+
+
+@dataclass
+class Snapshot:
+    """A state dict taken earlier, standing in for its object in the checkpoint walk (write-only)."""
+
+    state: Any
+
+    def state_dict(self) -> Any:
+        return self.state
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        raise TypeError("a staged snapshot of save_state is written, never loaded into")
+
+
+class _NoState:
+    """A registered data loader without ``state_dict``: keeps the places of the others (their file names)."""
+
+
+def _copy_tensor(tensor: torch.Tensor, storages: dict[tuple[Any, int], Any]) -> torch.Tensor:
+    """``tensor`` copied into CPU memory; tensors of one live storage share one copied storage."""
+    tensor = tensor.detach()
+    try:
+        storage = tensor.untyped_storage()
+        key = (tensor.device, storage.data_ptr())
+        copied = storages.get(key)
+        if copied is None:
+            copied = storage.clone() if tensor.device.type == "cpu" else storage.cpu()
+            storages[key] = copied
+        view = torch.empty(0, dtype=tensor.dtype)
+        return view.set_(copied, tensor.storage_offset(), tensor.size(), tensor.stride())
+    except (RuntimeError, NotImplementedError, TypeError):  # tensor subclasses, meta or sparse tensors
+        return tensor.to("cpu", copy=True)
+
+
+def cpu_copy(value: Any, storages: dict[tuple[Any, int], Any] | None = None) -> Any:
+    """A copy of a (nested) state dict that no later change of the live objects reaches.
+
+    Tensors are copied into CPU memory (those sharing memory keep sharing it); dicts, lists and tuples
+    are rebuilt; other values are deep-copied where they can be (plain numbers and strings stay as they are).
+
+    Args:
+        value: the state dict (or any part of one).
+        storages: the copies made so far in this staging, keyed by the live storage (shared by the calls
+            of one save, so that sharing across objects is kept too).
+    """
+    memo = {} if storages is None else storages
+    if isinstance(value, torch.Tensor):
+        return _copy_tensor(value, memo)
+    if isinstance(value, dict):
+        items = [(key, cpu_copy(item, memo)) for key, item in value.items()]
+        try:
+            return type(value)(items)
+        except TypeError:  # a dict subclass that cannot be built from items
+            return dict(items)
+    if isinstance(value, list):
+        return [cpu_copy(item, memo) for item in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(cpu_copy(item, memo) for item in value)
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+        return value
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # an object that cannot be copied (a lock, a function's closure): written as it is
+        return value
+
+
+@dataclass
+class StagedState:
+    """What one process of an asynchronous save writes later: the objects (snapshots), the model weights
+    as ``(model, state_dict)`` pairs, the random states and the gradients gathered so far."""
+
+    objects: TrainingObjects
+    weights: list[tuple[Any, Any]]
+    rng: tuple[dict[str, torch.Tensor], dict[str, str]]
+    grads: dict[str, torch.Tensor] | None
+
+
+def stage_objects(
+    objects: TrainingObjects,
+    *,
+    weights: Sequence[tuple[Any, Any]],
+    is_writer: bool,
+    optimizer_state: Callable[[Any], Any],
+    loader_state: Callable[[Any], dict[str, Any]] | None = None,
+    grads: dict[str, torch.Tensor] | None = None,
+) -> StagedState:
+    """Copy what this process writes: on the writer every object's state; on the others their own files.
+
+    Args:
+        objects: the live objects of the checkpoint.
+        weights: ``(model, state_dict)`` pairs as the synchronous save would write them.
+        is_writer: whether this process writes the shared files (the others write only their random
+            states and gradients, so only those are copied there).
+        optimizer_state: the strategy's full state dict of an optimizer.
+        loader_state: the state of a data loader to write (default: ``loader.state_dict()``).
+        grads: the gradients gathered so far between two optimizer steps, or ``None``.
+    """
+    from accel_train.checkpoint.file_io import rng_states
+
+    rng = rng_states()
+    rng = ({name: tensor.clone() for name, tensor in rng[0].items()}, dict(rng[1]))
+    storages: dict[tuple[Any, int], Any] = {}
+    staged_grads = cpu_copy(grads, storages) if grads else None
+    if not is_writer:
+        return StagedState(
+            TrainingObjects(optimizers=[Snapshot({}) for _ in objects.optimizers]), [], rng, staged_grads
+        )
+    staged_weights = [(model, None if state is None else cpu_copy(state, storages)) for model, state in weights]
+    loaders: list[Any] = []
+    for loader in objects.dataloaders:
+        if not hasattr(loader, "state_dict"):
+            loaders.append(_NoState())
+            continue
+        state = loader_state(loader) if loader_state is not None else loader.state_dict()
+        loaders.append(Snapshot(cpu_copy(state, storages)))
+    scaler_state = objects.scaler.state_dict() if objects.scaler is not None else None
+    staged = TrainingObjects(
+        models=list(objects.models),
+        optimizers=[Snapshot(cpu_copy(optimizer_state(opt), storages)) for opt in objects.optimizers],
+        schedulers=[Snapshot(cpu_copy(s.state_dict(), storages)) for s in objects.schedulers],
+        dataloaders=loaders,
+        custom=[Snapshot(cpu_copy(obj.state_dict(), storages)) for obj in objects.custom],
+        scaler=None if scaler_state is None else Snapshot(cpu_copy(scaler_state, storages)),
+    )
+    return StagedState(staged, staged_weights, rng, staged_grads)
