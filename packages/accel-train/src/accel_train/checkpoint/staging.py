@@ -7,7 +7,9 @@ and copies each tensor into CPU memory of its own; the result is a `TrainingObje
 asynchronous path writes the same files, through the same writers, as the synchronous one.
 
 Tensors that share memory in the live state (tied weights, views of one buffer) share it in the copy
-too, so a file that stores shared tensors once does so for a staged state as well.
+too, so a file that stores shared tensors once does so for a staged state as well. The CPU memory of one
+save is handed to the next (``reuse``): copying into memory already in use is about three times faster
+than into fresh memory (no page faults), and the copy is the time a save blocks training.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 
 from accel_train.checkpoint.walk import TrainingObjects
 
-__all__ = ["Snapshot", "StagedState", "cpu_copy", "stage_objects"]
+__all__ = ["Snapshot", "StagedState", "StorageKey", "cpu_copy", "stage_objects"]
 
 
 @dataclass
@@ -41,15 +43,26 @@ class _NoState:
     """A registered data loader without ``state_dict``: keeps the places of the others (their file names)."""
 
 
-def _copy_tensor(tensor: torch.Tensor, storages: dict[tuple[Any, int], Any]) -> torch.Tensor:
-    """``tensor`` copied into CPU memory; tensors of one live storage share one copied storage."""
+#: A staged storage, by the live storage it copies: device, address and size in bytes.
+StorageKey = tuple[Any, int, int]
+
+
+def _copy_tensor(
+    tensor: torch.Tensor, storages: dict[StorageKey, Any], reuse: dict[StorageKey, Any] | None
+) -> torch.Tensor:
+    """``tensor`` copied into CPU memory; tensors of one live storage share one copied storage, which is
+    the previous save's copy of the same storage when ``reuse`` holds one."""
     tensor = tensor.detach()
     try:
         storage = tensor.untyped_storage()
-        key = (tensor.device, storage.data_ptr())
+        key = (tensor.device, storage.data_ptr(), storage.nbytes())
         copied = storages.get(key)
         if copied is None:
-            copied = storage.clone() if tensor.device.type == "cpu" else storage.cpu()
+            copied = reuse.pop(key, None) if reuse else None
+            if copied is not None:
+                copied.copy_(storage)
+            else:
+                copied = storage.clone() if tensor.device.type == "cpu" else storage.cpu()
             storages[key] = copied
         view = torch.empty(0, dtype=tensor.dtype)
         return view.set_(copied, tensor.storage_offset(), tensor.size(), tensor.stride())
@@ -57,7 +70,9 @@ def _copy_tensor(tensor: torch.Tensor, storages: dict[tuple[Any, int], Any]) -> 
         return tensor.to("cpu", copy=True)
 
 
-def cpu_copy(value: Any, storages: dict[tuple[Any, int], Any] | None = None) -> Any:
+def cpu_copy(
+    value: Any, storages: dict[StorageKey, Any] | None = None, reuse: dict[StorageKey, Any] | None = None
+) -> Any:
     """A copy of a (nested) state dict that no later change of the live objects reaches.
 
     Tensors are copied into CPU memory (those sharing memory keep sharing it); dicts, lists and tuples
@@ -67,20 +82,22 @@ def cpu_copy(value: Any, storages: dict[tuple[Any, int], Any] | None = None) -> 
         value: the state dict (or any part of one).
         storages: the copies made so far in this staging, keyed by the live storage (shared by the calls
             of one save, so that sharing across objects is kept too).
+        reuse: the previous save's copies, written over instead of allocating (only once that save has
+            been written); each is taken out when used.
     """
     memo = {} if storages is None else storages
     if isinstance(value, torch.Tensor):
-        return _copy_tensor(value, memo)
+        return _copy_tensor(value, memo, reuse)
     if isinstance(value, dict):
-        items = [(key, cpu_copy(item, memo)) for key, item in value.items()]
+        items = [(key, cpu_copy(item, memo, reuse)) for key, item in value.items()]
         try:
             return type(value)(items)
         except TypeError:  # a dict subclass that cannot be built from items
             return dict(items)
     if isinstance(value, list):
-        return [cpu_copy(item, memo) for item in value]
+        return [cpu_copy(item, memo, reuse) for item in value]
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(cpu_copy(item, memo) for item in value)
+        return tuple(cpu_copy(item, memo, reuse) for item in value)
     if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
         return value
     try:
@@ -92,12 +109,14 @@ def cpu_copy(value: Any, storages: dict[tuple[Any, int], Any] | None = None) -> 
 @dataclass
 class StagedState:
     """What one process of an asynchronous save writes later: the objects (snapshots), the model weights
-    as ``(model, state_dict)`` pairs, the random states and the gradients gathered so far."""
+    as ``(model, state_dict)`` pairs, the random states and the gradients gathered so far; ``storages`` is
+    the CPU memory they use (for the next save's ``reuse``, once this one is written)."""
 
     objects: TrainingObjects
     weights: list[tuple[Any, Any]]
     rng: tuple[dict[str, torch.Tensor], dict[str, str]]
     grads: dict[str, torch.Tensor] | None
+    storages: dict[StorageKey, Any]
 
 
 def stage_objects(
@@ -108,6 +127,7 @@ def stage_objects(
     optimizer_state: Callable[[Any], Any],
     loader_state: Callable[[Any], dict[str, Any]] | None = None,
     grads: dict[str, torch.Tensor] | None = None,
+    reuse: dict[StorageKey, Any] | None = None,
 ) -> StagedState:
     """Copy what this process writes: on the writer every object's state; on the others their own files.
 
@@ -119,32 +139,35 @@ def stage_objects(
         optimizer_state: the strategy's full state dict of an optimizer.
         loader_state: the state of a data loader to write (default: ``loader.state_dict()``).
         grads: the gradients gathered so far between two optimizer steps, or ``None``.
+        reuse: the ``storages`` of the previous save of this process, already written (see `cpu_copy()`).
     """
     from accel_train.checkpoint.file_io import rng_states
 
     rng = rng_states()
     rng = ({name: tensor.clone() for name, tensor in rng[0].items()}, dict(rng[1]))
-    storages: dict[tuple[Any, int], Any] = {}
-    staged_grads = cpu_copy(grads, storages) if grads else None
+    storages: dict[StorageKey, Any] = {}
+
+    def copy(value: Any) -> Any:
+        return cpu_copy(value, storages, reuse)
+
+    staged_grads = copy(grads) if grads else None
     if not is_writer:
-        return StagedState(
-            TrainingObjects(optimizers=[Snapshot({}) for _ in objects.optimizers]), [], rng, staged_grads
-        )
-    staged_weights = [(model, None if state is None else cpu_copy(state, storages)) for model, state in weights]
+        objects = TrainingObjects(optimizers=[Snapshot({}) for _ in objects.optimizers])
+        return StagedState(objects, [], rng, staged_grads, storages)
+    staged_weights = [(model, None if state is None else copy(state)) for model, state in weights]
     loaders: list[Any] = []
     for loader in objects.dataloaders:
         if not hasattr(loader, "state_dict"):
             loaders.append(_NoState())
             continue
-        state = loader_state(loader) if loader_state is not None else loader.state_dict()
-        loaders.append(Snapshot(cpu_copy(state, storages)))
+        loaders.append(Snapshot(copy(loader_state(loader) if loader_state is not None else loader.state_dict())))
     scaler_state = objects.scaler.state_dict() if objects.scaler is not None else None
     staged = TrainingObjects(
         models=list(objects.models),
-        optimizers=[Snapshot(cpu_copy(optimizer_state(opt), storages)) for opt in objects.optimizers],
-        schedulers=[Snapshot(cpu_copy(s.state_dict(), storages)) for s in objects.schedulers],
+        optimizers=[Snapshot(copy(optimizer_state(optimizer))) for optimizer in objects.optimizers],
+        schedulers=[Snapshot(copy(scheduler.state_dict())) for scheduler in objects.schedulers],
         dataloaders=loaders,
-        custom=[Snapshot(cpu_copy(obj.state_dict(), storages)) for obj in objects.custom],
-        scaler=None if scaler_state is None else Snapshot(cpu_copy(scaler_state, storages)),
+        custom=[Snapshot(copy(obj.state_dict())) for obj in objects.custom],
+        scaler=None if scaler_state is None else Snapshot(copy(scaler_state)),
     )
-    return StagedState(staged, staged_weights, rng, staged_grads)
+    return StagedState(staged, staged_weights, rng, staged_grads, storages)

@@ -108,7 +108,9 @@ class AsyncSaves:
                 optimizer_state=self._strategy.optimizer_state_dict,
                 loader_state=loader_state,
                 grads=self._accumulated_gradients(),  # type: ignore[attr-defined]
+                reuse=self.__dict__.pop("_staging_memory", None),
             )
+            self.__dict__["_staging_memory"] = staged.storages  # the next save copies into it (this one is written)
         except BaseException as error:
             if lock is not None and lock.held:
                 if tmp is not None:
