@@ -34,31 +34,34 @@ def pool(pools):
     return pools(2)
 
 
-def _in_both(run_here: Callable[..., Any], pool: Any, *args: Any) -> list[tuple[str, Any]]:
-    """``run_here(*args)`` in this process (one device) and on each of 2 DDP processes, labelled."""
-    one = run_here(*args[:-1], os.path.join(args[-1], "one"))
+def _in_both(run_here: Callable[..., Any], pool: Any, *args: Any, one_device: bool = True) -> list[tuple[str, Any]]:
+    """``run_here(*args)`` in this process (one device) and on each of 2 processes, labelled."""
+    one = [("one device", run_here(*args[:-1], os.path.join(args[-1], "one")))] if one_device else []
     two = pool.run(run_here, *args[:-1], os.path.join(args[-1], "two"), timeout=120)
-    return [("one device", one)] + [(f"DDP rank {rank}", result) for rank, result in enumerate(two)]
+    return one + [(f"rank {rank} of 2", result) for rank, result in enumerate(two)]
 
 
 @contextmanager
 def _held_writes(accelerator: Any) -> Iterator[threading.Event]:
-    """Hold this process's model-weights writes (the first file a save writes) until the event is set."""
+    """Hold this process's model writes (the first files a save writes: weights, or a sharded strategy's
+    DCP folder) until the event is set."""
     io_ = accelerator._strategy.checkpoint_io
-    original = io_.save_weights
     gate = threading.Event()
 
-    def held(*args: Any, **kwargs: Any) -> None:
-        if not gate.wait(60):
-            raise TimeoutError("the test never released the background write")
-        original(*args, **kwargs)
+    def holding(original: Callable[..., None]) -> Callable[..., None]:
+        def held(*args: Any, **kwargs: Any) -> None:
+            if not gate.wait(60):
+                raise TimeoutError("the test never released the background write")
+            original(*args, **kwargs)
 
-    io_.save_weights = held
+        return held
+
+    io_.save_weights, io_.save_sharded = holding(io_.save_weights), holding(io_.save_sharded)
     try:
         yield gate
     finally:
         gate.set()
-        del io_.save_weights
+        del io_.save_weights, io_.save_sharded
 
 
 def _not_written(folder: str) -> bool:
@@ -110,9 +113,10 @@ def rank_async_resume(backend: str, base: str) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("backend", ["ddp", "ddp_automatic"])
+@pytest.mark.parametrize("backend", ["ddp", "ddp_automatic", "fsdp2"])
 def test_the_checkpoint_holds_the_state_of_the_call_while_training_goes_on(pool, tmp_path, backend: str) -> None:
-    for where, result in _in_both(rank_async_resume, pool, backend, str(tmp_path)):
+    one_device = backend != "fsdp2"  # FSDP2 runs on the 2 processes only
+    for where, result in _in_both(rank_async_resume, pool, backend, str(tmp_path), one_device=one_device):
         assert result["returned"], f"{where}: wait_for_checkpoint() returned another folder than save_state()"
         assert result["steps_while_held"] == 2 and result["held"], f"{where}: training did not run during the write"
         assert result["unpublished"], f"{where}: the folder was visible before its files were written"
@@ -232,7 +236,7 @@ def test_end_training_waits_for_the_save_and_reports_its_failure(tmp_path) -> No
 
 def rank_sharded_refusal(base: str) -> str:
     reset_shared_state()
-    spec = BACKENDS_BY_NAME["fsdp2"]
+    spec = BACKENDS_BY_NAME["fsdp1"]
     accelerator = spec.accelerator(base)
     spec.prepare(accelerator)
     try:
@@ -246,12 +250,12 @@ def rank_sharded_refusal(base: str) -> str:
     return f"{message} | {leftovers}"
 
 
-def test_a_sharded_backend_refuses_async_save_by_name(pool, tmp_path) -> None:
+def test_a_backend_that_cannot_stage_refuses_async_save_by_name(pool, tmp_path) -> None:
+    start = "save_state(async_save=True) is not supported with the 'fsdp' backend: FSDP saves asynchronously with"
     for rank, message in enumerate(pool.run(rank_sharded_refusal, str(tmp_path), timeout=120)):
-        assert "save_state(async_save=True) is not supported with the 'fsdp' backend" in message, (
-            f"rank {rank}: {message}"
-        )
-        assert "single_device, ddp" in message and message.endswith("| []"), f"rank {rank}: {message}"
+        assert message.startswith(start), f"rank {rank}: {message}"
+        assert "(this run: fsdp_version=1, SHARDED_STATE_DICT)" in message, f"rank {rank}: {message}"
+        assert "supports one device, DDP, and FSDP2" in message and message.endswith("| []"), f"rank {rank}: {message}"
 
 
 def test_async_save_takes_only_a_bool(tmp_path) -> None:

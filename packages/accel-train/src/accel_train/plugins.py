@@ -148,8 +148,8 @@ class ProjectConfiguration:
         async_save: accel's opt-in (default `False`, the documented behaviour: ``save_state()`` returns once
             the checkpoint is written): every ``save_state()`` that does not say otherwise copies the state
             into CPU memory, returns, and writes it in a background thread (``save_state(async_save=...)``
-            overrides it per call; ``accelerator.wait_for_checkpoint()`` waits for the write). One device
-            and DDP only.
+            overrides it per call; ``accelerator.wait_for_checkpoint()`` waits for the write). One device,
+            DDP and FSDP2 with sharded state dicts.
     """
 
     project_dir: str | None = None

@@ -13,15 +13,17 @@ stays the training loop's alone while a save is being written.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import contextvars
 import errno
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from accel_train.checkpoint import outcome
 
-__all__ = ["AsyncCheckpointError", "BackgroundSave", "announce", "hear"]
+__all__ = ["AsyncCheckpointError", "BackgroundSave", "announce", "hear", "side_group", "using_side_group"]
 
 logger = logging.getLogger(__name__)
 
@@ -139,3 +141,23 @@ def hear(store: Any, keys: Sequence[str], what: str) -> None:
     error = outcome.combined_error([None if answer == _OK else answer for answer in answers], what)
     if error is not None:
         raise error
+
+
+_side_group: contextvars.ContextVar[Any] = contextvars.ContextVar("accel_save_side_group", default=None)
+
+
+def side_group() -> Any:
+    """The process group the sharded writes of this thread's save run their collectives on (`None`: the
+    default group, as in a synchronous save)."""
+    return _side_group.get()
+
+
+@contextlib.contextmanager
+def using_side_group(group: Any) -> Iterator[None]:
+    """Run the block's sharded (DCP) writes on ``group``, a gloo group of their own, so that a background
+    save's collectives never interleave with the training loop's on the default group."""
+    token = _side_group.set(group)
+    try:
+        yield
+    finally:
+        _side_group.reset(token)

@@ -443,12 +443,19 @@ class CheckpointIO:
     # -- sharded (torch.distributed.checkpoint) folders: every rank takes part ------------------------
 
     def save_sharded(self, state: dict[str, Any], folder: str) -> None:
-        """Write this rank's shards of ``state`` into the DCP folder ``folder`` (collective)."""
+        """Write this rank's shards of ``state`` into the DCP folder ``folder`` (collective: on the default
+        group, or in an asynchronous save's background on its own group, `background.side_group()`)."""
         import torch.distributed.checkpoint as dcp
+
+        from accel_train.checkpoint.background import side_group
 
         with writing(folder):
             os.makedirs(folder, exist_ok=True)
-            dcp.save(state, checkpoint_id=folder)
+            group = side_group()
+            if group is None:
+                dcp.save(state, checkpoint_id=folder)
+            else:
+                dcp.save(state, checkpoint_id=folder, process_group=group)
 
     def sharded_metadata(self, folder: str) -> Any:
         """The ``Metadata`` of the DCP folder ``folder`` (tensor names and global shapes), unpickled with

@@ -31,6 +31,8 @@ class Snapshot:
     """A state dict taken earlier, standing in for its object in the checkpoint walk (write-only)."""
 
     state: Any
+    #: Tells a strategy's writer that this stands for an object (its state taken at the call).
+    staged = True
 
     def state_dict(self) -> Any:
         return self.state
@@ -53,6 +55,8 @@ def _copy_tensor(
     """``tensor`` copied into CPU memory; tensors of one live storage share one copied storage, which is
     the previous save's copy of the same storage when ``reuse`` holds one."""
     tensor = tensor.detach()
+    if type(tensor) is not torch.Tensor:  # a tensor subclass (DTensor ...): its own copy, with its metadata
+        return tensor.to("cpu", copy=True)
     try:
         storage = tensor.untyped_storage()
         key = (tensor.device, storage.data_ptr(), storage.nbytes())
@@ -128,6 +132,7 @@ def stage_objects(
     loader_state: Callable[[Any], dict[str, Any]] | None = None,
     grads: dict[str, torch.Tensor] | None = None,
     reuse: dict[StorageKey, Any] | None = None,
+    sharded: bool = False,
 ) -> StagedState:
     """Copy what this process writes: on the writer every object's state; on the others their own files.
 
@@ -140,6 +145,7 @@ def stage_objects(
         loader_state: the state of a data loader to write (default: ``loader.state_dict()``).
         grads: the gradients gathered so far between two optimizer steps, or ``None``.
         reuse: the ``storages`` of the previous save of this process, already written (see `cpu_copy()`).
+        sharded: every process writes its own shards of the models and optimizers (copied everywhere).
     """
     from accel_train.checkpoint.file_io import rng_states
 
@@ -151,10 +157,11 @@ def stage_objects(
         return cpu_copy(value, storages, reuse)
 
     staged_grads = copy(grads) if grads else None
+    own = is_writer or sharded  # this process writes models and optimizers
+    staged_weights = [(model, None if state is None else copy(state)) for model, state in weights] if own else []
+    optimizers = [Snapshot(copy(optimizer_state(optimizer)) if own else {}) for optimizer in objects.optimizers]
     if not is_writer:
-        objects = TrainingObjects(optimizers=[Snapshot({}) for _ in objects.optimizers])
-        return StagedState(objects, [], rng, staged_grads, storages)
-    staged_weights = [(model, None if state is None else copy(state)) for model, state in weights]
+        return StagedState(TrainingObjects(optimizers=optimizers), staged_weights, rng, staged_grads, storages)
     loaders: list[Any] = []
     for loader in objects.dataloaders:
         if not hasattr(loader, "state_dict"):
@@ -164,7 +171,7 @@ def stage_objects(
     scaler_state = objects.scaler.state_dict() if objects.scaler is not None else None
     staged = TrainingObjects(
         models=list(objects.models),
-        optimizers=[Snapshot(copy(optimizer_state(optimizer))) for optimizer in objects.optimizers],
+        optimizers=optimizers,
         schedulers=[Snapshot(copy(scheduler.state_dict())) for scheduler in objects.schedulers],
         dataloaders=loaders,
         custom=[Snapshot(copy(obj.state_dict())) for obj in objects.custom],

@@ -6,7 +6,8 @@ does, copies the state into CPU memory (`accel_train.checkpoint.staging`) and re
 writes the copy with the same walk (``write_objects``) and publishes the folder with the same atomic swap
 once every process's files are there, then applies ``total_limit``. The processes of the save agree
 through the default store (`accel_train.checkpoint.background`), not through collectives, so the
-training loop keeps the process group to itself. One save is in flight at a time: the next
+training loop keeps the process group to itself; a sharded strategy's DCP writes run on a gloo group of
+their own (`background.using_side_group`). One save is in flight at a time: the next
 ``save_state``, ``load_state``, ``end_training`` and ``wait_for_checkpoint()`` wait for it and raise
 `AsyncCheckpointError` if it failed; interpreter exit waits for it too.
 """
@@ -25,14 +26,15 @@ from accel_train.checkpoint.folder_lock import FolderLock
 if TYPE_CHECKING:
     from accel_train.checkpoint.staging import StagedState
 
-__all__ = ["ASYNC_STRATEGIES", "AsyncCheckpointError", "AsyncSaves"]
+__all__ = ["SUPPORTED", "AsyncCheckpointError", "AsyncSaves"]
 
 logger = logging.getLogger(__name__)
 
-#: The strategies whose state an asynchronous save can stage: every process holds the whole model and
-#: optimizer, so writing needs no collective. Sharded strategies (FSDP, DeepSpeed, the mesh, pipeline,
-#: Megatron-LM, XLA) write their shards with collectives of the training process group, synchronously.
-ASYNC_STRATEGIES = ("single_device", "ddp")
+#: The backends whose state an asynchronous save can stage (`Strategy.async_save_refusal()` is `None`),
+#: for messages: one device and DDP (every process holds the whole state), and FSDP2's sharded state
+#: (each process copies its shards; torch.distributed.checkpoint writes them on a gloo group of its own).
+#: DeepSpeed's engine, FSDP1, the mesh, pipeline stages, Megatron-LM and XLA write synchronously.
+SUPPORTED = "one device, DDP, and FSDP2 with state_dict_type='SHARDED_STATE_DICT'"
 
 #: What the writer of a save into an explicit folder tells the other processes (as the synchronous path).
 _PUBLISHED = "published"
@@ -76,12 +78,12 @@ class AsyncSaves:
         value = getattr(self.project_configuration, "async_save", False) if async_save is None else async_save
         if not isinstance(value, bool):
             raise TypeError(f"save_state's async_save must be True, False or None, got {value!r}")
-        if value and self._strategy.name not in ASYNC_STRATEGIES:
+        refusal = self._strategy.async_save_refusal() if value else None
+        if refusal is not None:
             raise ValueError(
-                f"save_state(async_save=True) is not supported with the {self._strategy.name!r} backend: an "
-                f"asynchronous save supports {', '.join(ASYNC_STRATEGIES)} (one device, DDP), whose whole state "
-                "each process holds; sharded backends write their shards together with the other processes. "
-                "Save synchronously here (async_save=False, and ProjectConfiguration(async_save=False))"
+                f"save_state(async_save=True) is not supported with the {self._strategy.name!r} backend: {refusal}. "
+                f"An asynchronous save supports {SUPPORTED}. Save synchronously here (async_save=False, and "
+                "ProjectConfiguration(async_save=False))"
             )
         return value
 
@@ -96,19 +98,25 @@ class AsyncSaves:
         key = self._save_key(output_dir) if alone else None  # type: ignore[attr-defined]
         lock = FolderLock(output_dir) if writer else None
         store = self._store_if_distributed()
+        strategy = self._strategy
+        side_group = self._side_group()
         tmp: str | None = None
         save_id = ""
         try:
             tmp, save_id = self._begin_save(output_dir, lock, key)  # type: ignore[attr-defined]
             to_save, manifest, loader_state = self._prepare_save(tmp, alone, safe_serialization)  # type: ignore[attr-defined]
+            sharded = any(weights is None for _, weights in to_save)
+            if sharded:  # every process copies its own shards (the synchronous save reads them while writing)
+                to_save = [(model, strategy.staged_shards(model)) for model, _ in to_save]
             staged = stage_objects(
                 self._training_objects(),  # type: ignore[attr-defined]
                 weights=to_save,
                 is_writer=writer,
-                optimizer_state=self._strategy.optimizer_state_dict,
+                optimizer_state=strategy.staged_optimizer_state,
                 loader_state=loader_state,
                 grads=self._accumulated_gradients(),  # type: ignore[attr-defined]
                 reuse=self.__dict__.pop("_staging_memory", None),
+                sharded=sharded,
             )
             self.__dict__["_staging_memory"] = staged.storages  # the next save copies into it (this one is written)
         except BaseException as error:
@@ -124,7 +132,8 @@ class AsyncSaves:
             raise
 
         def job() -> None:
-            self._write_staged(output_dir, tmp, staged, manifest, writer, key, save_id, lock, store)
+            with background.using_side_group(side_group):
+                self._write_staged(output_dir, tmp, staged, manifest, writer, key, save_id, lock, store)
 
         return self._start(output_dir, job)
 
@@ -257,6 +266,18 @@ class AsyncSaves:
         self.__dict__["_pending_save"] = BackgroundSave(output_dir, job).start()
         logger.info("saving state to %s in the background", output_dir)
         return output_dir
+
+    def _side_group(self) -> Any:
+        """The gloo group of the background's sharded writes (created by every process at the first
+        asynchronous save of a sharded strategy, which every process calls); `None` where none is needed."""
+        import torch.distributed as dist
+
+        if self._strategy.name in ("single_device", "ddp") or not (dist.is_available() and dist.is_initialized()):
+            return None
+        group = self.__dict__.get("_save_side_group")
+        if group is None:
+            group = self.__dict__["_save_side_group"] = dist.new_group(backend="gloo")
+        return group
 
     def _store_if_distributed(self) -> Any:
         if self.state.num_processes <= 1:

@@ -173,7 +173,7 @@ class Checkpointer(AsyncSaves):
             async_save: accel's opt-in (default `None`: ``ProjectConfiguration.async_save``, itself `False`):
                 return once the state is copied into CPU memory and write it in a background thread; the
                 folder is published when every process's files are written (`wait_for_checkpoint()`).
-                One device and DDP only.
+                One device, DDP and FSDP2 with sharded state dicts.
             **save_model_func_kwargs: accepted for compatibility with the documented signature; not used here.
 
         Returns:
