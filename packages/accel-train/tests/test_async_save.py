@@ -76,10 +76,14 @@ def rank_async_resume(backend: str, base: str) -> dict[str, Any]:
     spec = BACKENDS_BY_NAME[backend]
     accelerator = spec.accelerator(base)
     model, optimizer = spec.prepare(accelerator)
-    for index in (0, 1):
-        spec.step(accelerator, model, optimizer, index)
+    automatic = accelerator.project_configuration.automatic_checkpoint_naming
+    spec.step(accelerator, model, optimizer, 0)
+    # an earlier save: the next one copies into its memory (reused once it is written), which must not show
+    accelerator.save_state(None if automatic else os.path.join(base, "earlier"), async_save=True)
+    accelerator.wait_for_checkpoint()  # before the writes are held below
+    spec.step(accelerator, model, optimizer, 1)
     at_call = spec.state(accelerator, model)
-    explicit = None if accelerator.project_configuration.automatic_checkpoint_naming else os.path.join(base, "ckpt")
+    explicit = None if automatic else os.path.join(base, "ckpt")
     with _held_writes(accelerator) as gate:
         folder = accelerator.save_state(explicit, async_save=True)
         drawn = torch.rand(4)  # the random states after the call are the saved ones
@@ -124,7 +128,7 @@ def test_the_checkpoint_holds_the_state_of_the_call_while_training_goes_on(pool,
         assert result["loaded"] == [], f"{where}: steps after the call leaked into the checkpoint: {result['loaded']}"
         assert result["rng"], f"{where}: the random states saved are not those of the call"
         assert result["differ"] == [], f"{where}: the resumed run differs in {result['differ']}"
-        expected = ["checkpoint_0"] if backend == "ddp_automatic" else ["ckpt"]
+        expected = ["checkpoint_0", "checkpoint_1"] if backend == "ddp_automatic" else ["ckpt", "earlier"]
         assert result["visible"] == expected, f"{where}: {result['visible']}"
 
 

@@ -55,8 +55,8 @@ def _copy_tensor(
     """``tensor`` copied into CPU memory; tensors of one live storage share one copied storage, which is
     the previous save's copy of the same storage when ``reuse`` holds one."""
     tensor = tensor.detach()
-    if type(tensor) is not torch.Tensor:  # a tensor subclass (DTensor ...): its own copy, with its metadata
-        return tensor.to("cpu", copy=True)
+    if type(tensor) is not torch.Tensor:
+        return _copy_subclass(tensor, storages, reuse)
     try:
         storage = tensor.untyped_storage()
         key = (tensor.device, storage.data_ptr(), storage.nbytes())
@@ -72,6 +72,22 @@ def _copy_tensor(
         return view.set_(copied, tensor.storage_offset(), tensor.size(), tensor.stride())
     except (RuntimeError, NotImplementedError, TypeError):  # tensor subclasses, meta or sparse tensors
         return tensor.to("cpu", copy=True)
+
+
+def _copy_subclass(
+    tensor: torch.Tensor, storages: dict[StorageKey, Any], reuse: dict[StorageKey, Any] | None
+) -> torch.Tensor:
+    """A tensor subclass copied into CPU memory: a DTensor as the same DTensor over a copy of its local shard
+    (in memory reused like any tensor's); any other subclass by its own ``to``."""
+    local = getattr(tensor, "_local_tensor", None)
+    if isinstance(local, torch.Tensor) and type(local) is torch.Tensor and hasattr(tensor, "device_mesh"):
+        from torch.distributed.tensor import DTensor
+
+        copied = _copy_tensor(local, storages, reuse)
+        placements = tensor.placements  # type: ignore[attr-defined]
+        mesh = tensor.device_mesh  # type: ignore[attr-defined]
+        return DTensor.from_local(copied, mesh, placements, run_check=False, shape=tensor.shape, stride=tensor.stride())
+    return tensor.to("cpu", copy=True)
 
 
 def cpu_copy(
