@@ -305,7 +305,7 @@ def test_a_kill_during_the_background_write_leaves_the_previous_checkpoint(tmp_p
     from accel_train import Accelerator
 
     result = subprocess.run(
-        [sys.executable, os.path.join(HERE, "kill_during_async_save.py"), str(tmp_path)],
+        [sys.executable, os.path.join(HERE, "async_save_child.py"), str(tmp_path), "kill"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -320,3 +320,17 @@ def test_a_kill_during_the_background_write_leaves_the_previous_checkpoint(tmp_p
     model, optimizer = accelerator.prepare(model, optimizer)
     accelerator.load_state(str(tmp_path / "ckpt"))
     assert all(bool((p == 1.0).all()) for p in model.parameters()), "the previous checkpoint was not kept"
+
+
+def test_interpreter_exit_waits_for_the_write(tmp_path) -> None:
+    from accel_train.checkpoint.file_io import load_weights
+
+    result = subprocess.run(
+        [sys.executable, os.path.join(HERE, "async_save_child.py"), str(tmp_path), "exit"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0 and "returned before the write" in result.stdout, result.stderr
+    weights = load_weights(str(tmp_path / "ckpt" / "model.safetensors"))
+    assert all(bool((tensor == 3.0).all()) for tensor in weights.values()), "the checkpoint is not the saved state"
