@@ -334,3 +334,36 @@ def test_interpreter_exit_waits_for_the_write(tmp_path) -> None:
     assert result.returncode == 0 and "returned before the write" in result.stdout, result.stderr
     weights = load_weights(str(tmp_path / "ckpt" / "model.safetensors"))
     assert all(bool((tensor == 3.0).all()) for tensor in weights.values()), "the checkpoint is not the saved state"
+
+
+def test_a_preemption_save_waits_for_the_save_in_flight_and_is_written_before_exit(tmp_path) -> None:
+    import signal
+
+    from accel_train import Accelerator, ProjectConfiguration
+    from accel_train.preemption import PREEMPTION_EXIT_CODE
+
+    config = ProjectConfiguration(
+        project_dir=str(tmp_path),
+        automatic_checkpoint_naming=True,
+        continue_numbering_on_load=True,
+        save_on_preemption=True,
+        async_save=True,
+    )
+    accelerator = Accelerator(cpu=True, project_config=config)
+    spec = BACKENDS_BY_NAME["ddp"]
+    model, optimizer = spec.prepare(accelerator)
+    try:
+        spec.step(accelerator, model, optimizer, 0)
+        with _held_writes(accelerator) as gate:
+            accelerator.save_state()  # checkpoint_0, held in the background
+            os.kill(os.getpid(), signal.SIGTERM)  # the scheduler asks the job to stop
+            gate.set()
+            with pytest.raises(SystemExit) as stopped:
+                accelerator.check_preemption()
+        assert stopped.value.code == PREEMPTION_EXIT_CODE
+        assert accelerator._pending_save is None, "the preemption save was started in the background"
+        for name in ("checkpoint_0", "checkpoint_1"):
+            assert os.path.isfile(tmp_path / "checkpoints" / name / "model.safetensors"), name
+    finally:
+        if accelerator._preemption is not None:
+            accelerator._preemption.uninstall()
