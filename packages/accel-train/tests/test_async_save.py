@@ -206,7 +206,7 @@ def test_saves_back_to_back_and_a_failed_write_named_at_the_next_call(pool, tmp_
         assert result["again"] == "checkpoint_2" and result["final"] == ["checkpoint_2"], where
 
 
-def test_end_training_waits_for_the_save_and_reports_its_failure(tmp_path) -> None:
+def test_load_state_and_end_training_wait_for_the_save_and_report_its_failure(tmp_path) -> None:
     from accel_train import Accelerator, AsyncCheckpointError
     from accel_train.checkpoint import file_io
 
@@ -214,6 +214,9 @@ def test_end_training_waits_for_the_save_and_reports_its_failure(tmp_path) -> No
     spec = BACKENDS_BY_NAME["ddp"]
     spec.prepare(accelerator)
     folder = accelerator.save_state(str(tmp_path / "ckpt"), async_save=True)
+    accelerator.load_state(folder)  # waits for the save of the folder it loads
+    assert accelerator._pending_save is None
+    accelerator.save_state(folder, async_save=True)
     accelerator.end_training()
     assert accelerator._pending_save is None and os.path.isfile(os.path.join(folder, "model.safetensors"))
 
