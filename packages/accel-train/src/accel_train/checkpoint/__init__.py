@@ -7,6 +7,7 @@ reads which folder of a checkpoint (by its name), and the files a DeepSpeed engi
 open. ``file_io``: how each file of a checkpoint is written and read (``CheckpointIO``), never unpickling
 code. ``safety``: what a pickle in a checkpoint may name (allow-lists, the DCP reader that applies them).
 ``folder_lock``: one writer at a time per folder. ``outcome``: every process of a save raises the same
-error. ``checkpointing`` (the folder's life and the walk over the objects) still stands at the package
+error. ``staging``: an asynchronous save's copy of the state, taken at the call. ``background``: the thread
+that writes it, and `AsyncCheckpointError`. ``checkpointing`` (the folder's life and the walk over the objects) still stands at the package
 root, where the documented module functions live.
 """
