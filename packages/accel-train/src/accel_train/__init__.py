@@ -115,6 +115,7 @@ _export(
 _export("checkpointing", "CheckpointMismatchError")
 _export("checkpoint.file_io", "UnsafeCheckpointError")
 _export("checkpoint.integrity", "CorruptCheckpointError")
+_export("checkpoint.background", "AsyncCheckpointError")
 _export("weights.unloaded", "UnloadedWeightsError")
 _export("checkpoint.merge", "merge_fsdp_weights")
 _export(

@@ -522,7 +522,7 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
             return
         self._rewind_active_loader = True
         try:
-            folder = self.save_state()
+            folder = self.save_state(async_save=False)  # the process exits next: written before it does
         finally:
             self._rewind_active_loader = False
         self.print(

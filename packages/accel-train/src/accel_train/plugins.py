@@ -145,6 +145,11 @@ class ProjectConfiguration:
             ``load_state()`` loads a folder named ``checkpoint_<n>``, ``iteration`` becomes at least
             ``n + 1``, so a restarted run's next ``save_state()`` writes ``checkpoint_<n+1>`` instead of
             colliding with an existing ``checkpoint_0``.
+        async_save: accel's opt-in (default `False`, the documented behaviour: ``save_state()`` returns once
+            the checkpoint is written): every ``save_state()`` that does not say otherwise copies the state
+            into CPU memory, returns, and writes it in a background thread (``save_state(async_save=...)``
+            overrides it per call; ``accelerator.wait_for_checkpoint()`` waits for the write). One device,
+            DDP and FSDP2 with sharded state dicts.
     """
 
     project_dir: str | None = None
@@ -155,6 +160,7 @@ class ProjectConfiguration:
     save_on_each_node: bool = False
     save_on_preemption: bool = False
     continue_numbering_on_load: bool = False
+    async_save: bool = False
 
     def __post_init__(self) -> None:
         if self.project_dir is not None:
@@ -174,6 +180,8 @@ class ProjectConfiguration:
                 "ProjectConfiguration.continue_numbering_on_load must be a bool, "
                 f"got {self.continue_numbering_on_load!r}"
             )
+        if not isinstance(self.async_save, bool):
+            raise TypeError(f"ProjectConfiguration.async_save must be a bool, got {self.async_save!r}")
         if self.save_on_preemption and not self.automatic_checkpoint_naming:
             raise ValueError(
                 "ProjectConfiguration.save_on_preemption needs automatic_checkpoint_naming=True (and a project_dir): "

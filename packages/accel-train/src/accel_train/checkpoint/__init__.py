@@ -10,6 +10,10 @@ code. ``safety``: what a pickle in a checkpoint may name (allow-lists, the DCP r
 error. ``manifest``: the fields of ``accel_checkpoint.json``, read without torch; ``run_record``: what the
 run that saves is, as the manifest records it; ``resume_diff``: what a resuming run changed;
 ``portability``: on which process counts and backends a folder loads; ``inspection``: the report of
-``accel checkpoint inspect``. ``checkpointing`` (the folder's life and the walk over the objects) still stands at the package
-root, where the documented module functions live.
+``accel checkpoint inspect``. ``staging``: an asynchronous save's copy of the state, taken at the call.
+``background``: the thread that writes it, and `AsyncCheckpointError`. ``names``, ``folder``, ``checks``,
+``walk``: file names, the folder's life, the checks before a load, the walk over the objects.
+``megatron_io``, ``deepspeed_io``, ``deepspeed_universal``, ``deepspeed_merge``, ``merge``: the backends'
+own formats. The documented module functions stay in ``accel_train.checkpointing`` at the package
+root.
 """

@@ -317,10 +317,16 @@ def rng_states(
     return tensors, metadata
 
 
-def save_rng(path: str, extra_generators: Mapping[str, torch.Generator] | None = None) -> None:
+def save_rng(
+    path: str,
+    extra_generators: Mapping[str, torch.Generator] | None = None,
+    states: tuple[dict[str, torch.Tensor], dict[str, str]] | None = None,
+) -> None:
+    """Write the generators' states: ``states`` when given (taken earlier by `rng_states()`, as an
+    asynchronous save does when it is called), else the states they have now."""
     from safetensors.torch import save_file
 
-    tensors, metadata = rng_states(extra_generators)
+    tensors, metadata = states if states is not None else rng_states(extra_generators)
     save_file({k: v.contiguous() for k, v in tensors.items()}, path, metadata=metadata)
 
 
@@ -423,10 +429,11 @@ class CheckpointIO:
     def load_object(self, path: str, map_location: Any = "cpu") -> Any:
         return load_torch(path, map_location=map_location)
 
-    def save_rng(self, path: str) -> None:
-        """This process's random-number-generator states (tensors and JSON, no pickle)."""
+    def save_rng(self, path: str, states: tuple[dict[str, torch.Tensor], dict[str, str]] | None = None) -> None:
+        """This process's random-number-generator states (tensors and JSON, no pickle): ``states`` when
+        given (taken by `rng_states()` when an asynchronous save was called), else the current ones."""
         with writing(path):
-            save_rng(path)
+            save_rng(path, states=states)
 
     def load_rng(self, path: str) -> None:
         load_rng(path)
@@ -483,12 +490,19 @@ class CheckpointIO:
     # -- sharded (torch.distributed.checkpoint) folders: every rank takes part ------------------------
 
     def save_sharded(self, state: dict[str, Any], folder: str) -> None:
-        """Write this rank's shards of ``state`` into the DCP folder ``folder`` (collective)."""
+        """Write this rank's shards of ``state`` into the DCP folder ``folder`` (collective: on the default
+        group, or in an asynchronous save's background on its own group, `background.side_group()`)."""
         import torch.distributed.checkpoint as dcp
+
+        from accel_train.checkpoint.background import side_group
 
         with writing(folder):
             os.makedirs(folder, exist_ok=True)
-            dcp.save(state, checkpoint_id=folder)
+            group = side_group()
+            if group is None:
+                dcp.save(state, checkpoint_id=folder)
+            else:
+                dcp.save(state, checkpoint_id=folder, process_group=group)
 
     def sharded_metadata(self, folder: str) -> Any:
         """The ``Metadata`` of the DCP folder ``folder`` (tensor names and global shapes), unpickled with

@@ -64,6 +64,7 @@ def write_objects(
     process_index: int,
     safe_serialization: bool = True,
     loader_state: Callable[[Any], dict[str, Any]] | None = None,
+    rng: tuple[dict[str, torch.Tensor], dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """Write every object of ``objects`` into ``folder``; called on every rank. Returns the entries written.
 
@@ -80,6 +81,8 @@ def write_objects(
         process_index: this process's rank (names its random-state file).
         safe_serialization: safetensors (True) or ``torch.save`` (False) for model weights.
         loader_state: the state of a data loader to write (default: ``loader.state_dict()``).
+        rng: the random states to write, as `accel_train.checkpoint.file_io.rng_states()` gave them when
+            the save was called (an asynchronous save writes later); default: the current ones.
     """
     io_ = strategy.checkpoint_io
     written: dict[str, Any] = {"models": [], "optimizers": []}
@@ -106,7 +109,10 @@ def write_objects(
         for index, obj in enumerate(objects.custom):
             io_.save_object(obj.state_dict(), os.path.join(folder, custom_file(index)))
             written["custom"].append(custom_file(index))
-    io_.save_rng(os.path.join(folder, rng_file(process_index)))
+    if rng is None:
+        io_.save_rng(os.path.join(folder, rng_file(process_index)))
+    else:
+        io_.save_rng(os.path.join(folder, rng_file(process_index)), states=rng)
     return written
 
 

@@ -19,6 +19,7 @@ from accel_train._lazy_modules import checkpointing as ckpt
 from accel_train._lazy_modules import preemption
 from accel_train.checkpoint import numbering, outcome, resume_diff, run_record
 from accel_train.checkpoint.folder_lock import FolderLock
+from accel_train.components.async_saves import AsyncSaves
 
 __all__ = ["Checkpointer", "RemovableHandle"]
 
@@ -67,7 +68,7 @@ class RemovableHandle:
         self.remove()
 
 
-class Checkpointer:
+class Checkpointer(AsyncSaves):
     """Checkpoints of the whole training state, and saving of single objects and models."""
 
     state: Any
@@ -158,6 +159,7 @@ class Checkpointer:
         self,
         output_dir: str | os.PathLike | None = None,
         safe_serialization: bool = True,
+        async_save: bool | None = None,
         **save_model_func_kwargs: Any,
     ) -> str:
         """Save models, optimizers, schedulers, data-loader positions, scaler, RNG states and registered
@@ -168,15 +170,23 @@ class Checkpointer:
         Args:
             output_dir: the folder to write; ignored with automatic checkpoint naming (default `None`).
             safe_serialization: write model weights as safetensors rather than pickles (default `True`).
+            async_save: accel's opt-in (default `None`: ``ProjectConfiguration.async_save``, itself `False`):
+                return once the state is copied into CPU memory and write it in a background thread; the
+                folder is published when every process's files are written (`wait_for_checkpoint()`).
+                One device, DDP and FSDP2 with sharded state dicts.
             **save_model_func_kwargs: accepted for compatibility with the documented signature; not used here.
 
         Returns:
-            The folder the checkpoint was written to.
+            The folder the checkpoint was (or, asynchronously, will be) written to.
 
         Raises:
             ValueError: with automatic naming, if there is no project folder, or if ``checkpoint_<iteration>``
-                or a newer checkpoint already exists (nothing is written or removed; the message says what to set).
+                or a newer checkpoint already exists (nothing is written or removed; the message says what to set);
+                with ``async_save`` on a backend that cannot save asynchronously.
+            AsyncCheckpointError: the asynchronous save before this one failed (this one is not started).
         """
+        asynchronous = self._async_requested(async_save)
+        self.wait_for_checkpoint()
         config = self.project_configuration
         if config.automatic_checkpoint_naming:
             output_dir = numbering.next_checkpoint_dir(self._checkpoints_base(), config.iteration)
@@ -187,6 +197,8 @@ class Checkpointer:
         output_dir = os.fspath(output_dir)
         writer = self._is_writer()
         alone = self._saves_alone()
+        if asynchronous:
+            return self._save_state_async(output_dir, writer, alone, safe_serialization)
         if alone and not writer:
             return self._add_process_files(output_dir)
         key = self._save_key(output_dir) if alone else None
@@ -194,7 +206,7 @@ class Checkpointer:
         tmp: str | None = None
         published = False
         try:
-            tmp = self._begin_save(output_dir, lock, key)
+            tmp, _ = self._begin_save(output_dir, lock, key)
             with outcome.collecting() as failures:
                 manifest = self._write_state(tmp, writer, alone, safe_serialization)
             self._settle(failures.first, key)
@@ -223,9 +235,10 @@ class Checkpointer:
         logger.info("saved state to %s", output_dir)
         return output_dir
 
-    def _begin_save(self, output_dir: str, lock: FolderLock | None, key: str | None) -> str:
+    def _begin_save(self, output_dir: str, lock: FolderLock | None, key: str | None) -> tuple[str, str]:
         """Writer: take the folder's lock and create this save's partial folder; every process of the save
-        learns its path (or the writer's failure, raised everywhere). Returns the partial folder."""
+        learns its path (or the writer's failure, raised everywhere). Returns the partial folder, and the
+        name part of process 0's (the same on every process: it names the save)."""
         failure: OSError | None = None
         token = ""
         if lock is not None:
@@ -238,9 +251,9 @@ class Checkpointer:
                 failure = raised
         if key is not None:  # the writer saves alone: nobody else takes part
             self._settle(failure, key)
-            return ckpt.partial_dir(output_dir, token)
+            return ckpt.partial_dir(output_dir, token), token
         tokens = outcome.agree(failure, "save_state", payload=token)
-        return ckpt.partial_dir(output_dir, tokens[self._writer_rank()])
+        return ckpt.partial_dir(output_dir, tokens[self._writer_rank()]), tokens[0]
 
     def _writer_rank(self) -> int:
         """The process that writes this process's shared files (the main one, or the node's local main)."""
@@ -261,6 +274,31 @@ class Checkpointer:
 
     def _write_state(self, tmp: str, writer: bool, alone: bool, safe_serialization: bool) -> dict[str, Any]:
         """Write every object into the partial folder ``tmp`` (every process its part); returns the manifest."""
+        to_save, manifest, loader_state = self._prepare_save(tmp, alone, safe_serialization)
+        written = ckpt.write_objects(
+            tmp,
+            self._training_objects(),
+            self._strategy,
+            weights=to_save,
+            is_writer=writer,
+            process_index=self.state.process_index,
+            safe_serialization=safe_serialization,
+            loader_state=loader_state,
+        )
+        if writer:
+            manifest.update(written)
+        grads = self._accumulated_gradients()
+        if grads:
+            self._strategy.checkpoint_io.save_weights(
+                grads, os.path.join(tmp, ckpt.grads_file(self.state.process_index))
+            )
+        return manifest
+
+    def _prepare_save(
+        self, tmp: str, alone: bool, safe_serialization: bool
+    ) -> tuple[list[tuple[Any, Any]], dict[str, Any], Callable[[Any], dict[str, Any]]]:
+        """The first part of a save on every process: the models' weights (the pre-hooks run on them and the
+        partial folder ``tmp``), the manifest's own entries and how a data loader's state is taken."""
         models = list(self._models)
         strategy = self._strategy
         # Every rank takes part: a sharded strategy gathers or writes its shards here (weights None).
@@ -297,22 +335,7 @@ class Checkpointer:
             positions.append(run_record.data_position(state, loader))
             return state
 
-        written = ckpt.write_objects(
-            tmp,
-            self._training_objects(),
-            strategy,
-            weights=to_save,
-            is_writer=writer,
-            process_index=self.state.process_index,
-            safe_serialization=safe_serialization,
-            loader_state=loader_state,
-        )
-        if writer:
-            manifest.update(written)
-        grads = self._accumulated_gradients()
-        if grads:
-            strategy.checkpoint_io.save_weights(grads, os.path.join(tmp, ckpt.grads_file(self.state.process_index)))
-        return manifest
+        return to_save, manifest, loader_state
 
     # -- saving without the other processes (unsharded strategies, explicit folder) ---------------
 
@@ -423,7 +446,9 @@ class Checkpointer:
         Raises:
             ValueError: if ``input_dir`` is missing without automatic naming, or the folder does not match.
             FileNotFoundError: with automatic naming, if there is no complete checkpoint to load.
+            AsyncCheckpointError: the asynchronous save in flight failed (nothing is loaded).
         """
+        self.wait_for_checkpoint()  # an asynchronous save in flight may be the folder to load
         config = self.project_configuration
         if input_dir is None:
             if not config.automatic_checkpoint_naming:

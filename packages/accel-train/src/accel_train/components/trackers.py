@@ -96,7 +96,11 @@ class Trackers:
         _tracking().log_to_all(self.trackers, values, step=step, log_kwargs=log_kwargs or {})
 
     def end_training(self) -> None:
-        """Finish every tracker, then end the process group this run started; call it at the end."""
+        """Wait for an asynchronous save in flight (raising its failure), finish every tracker, then end the
+        process group this run started; call it at the end."""
+        wait = getattr(self, "wait_for_checkpoint", None)
+        if wait is not None:
+            wait()
         if self.trackers:
             _tracking().finish_all(self.trackers)
         self.state.wait_for_everyone()

@@ -519,6 +519,23 @@ class Strategy:
         """The weights ``save_state`` writes and shows its pre-hooks (``None``: the strategy writes shards)."""
         return self.model_state_dict(model)
 
+    def async_save_refusal(self) -> str | None:
+        """Why ``save_state(async_save=True)`` cannot stage this strategy's checkpoint (`None`: it can).
+
+        One device and DDP can: every process holds the whole state. A sharded strategy that can hand its
+        shards over as copies (`staged_shards()`) overrides this."""
+        if self.name in ("single_device", "ddp"):
+            return None
+        return f"the {self.name!r} backend writes its checkpoint together with the other processes"
+
+    def staged_shards(self, model: torch.nn.Module) -> dict[str, Any] | None:
+        """This process's shards of ``model`` as the asynchronous save copies them (`None`: not sharded)."""
+        return None
+
+    def staged_optimizer_state(self, optimizer: Any) -> Any:
+        """The optimizer state an asynchronous save copies: what `save_optimizer_checkpoint()` writes."""
+        return self.optimizer_state_dict(optimizer)
+
     def save_model_checkpoint(
         self,
         model: torch.nn.Module,

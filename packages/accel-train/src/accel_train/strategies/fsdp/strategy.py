@@ -472,6 +472,28 @@ class FSDPStrategy(Strategy):
             )
         return None if self._sharded_checkpoints else self.model_state_dict(model)
 
+    def async_save_refusal(self) -> str | None:
+        if self.fsdp_version == 2 and self._sharded_checkpoints:
+            return None
+        return (
+            "FSDP saves asynchronously with fsdp_version=2 and state_dict_type='SHARDED_STATE_DICT' only "
+            f"(this run: fsdp_version={self.fsdp_version}, {setting_name(self.plugin.state_dict_type)})"
+        )
+
+    def staged_shards(self, model: torch.nn.Module) -> dict[str, Any] | None:
+        if not self._sharded_checkpoints:
+            return None
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(_inner(model))
+
+    def staged_optimizer_state(self, optimizer: Any) -> Any:
+        if not self._sharded_checkpoints:
+            return super().staged_optimizer_state(optimizer)
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self._model_of(optimizer), _inner_optimizer(optimizer))
+
     def save_model_checkpoint(
         self,
         model: torch.nn.Module,
@@ -486,6 +508,9 @@ class FSDPStrategy(Strategy):
         if not self._sharded_checkpoints:
             return super().save_model_checkpoint(model, weights, folder, index, safe_serialization, is_writer)
         name = ckpt.sharded_model_dir(index)
+        if weights is not None:  # an asynchronous save's copy of this process's shards (staged_shards)
+            self.checkpoint_io.save_sharded({fsdp_state.MODEL_KEY: weights}, os.path.join(folder, name))
+            return name
         local = setting_name(self.plugin.state_dict_type) == "LOCAL_STATE_DICT"
         fsdp_state.save_sharded_model(_inner(model), os.path.join(folder, name), local=local, io=self.checkpoint_io)
         return name
@@ -509,6 +534,10 @@ class FSDPStrategy(Strategy):
         if not self._sharded_checkpoints:
             return super().save_optimizer_checkpoint(optimizer, folder, index, is_writer)
         name = ckpt.sharded_optimizer_dir(index)
+        if getattr(optimizer, "staged", False):  # an asynchronous save's copy (staged_optimizer_state)
+            state = {fsdp_state.OPTIMIZER_KEY: optimizer.state_dict()}
+            self.checkpoint_io.save_sharded(state, os.path.join(folder, name))
+            return name
         fsdp_state.save_sharded_optimizer(
             self._model_of(optimizer), unwrap_optimizer(optimizer), os.path.join(folder, name), io=self.checkpoint_io
         )
