@@ -492,7 +492,7 @@ class FSDPStrategy(Strategy):
             return super().staged_optimizer_state(optimizer)
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        return get_optimizer_state_dict(self._model_of(optimizer), _inner_optimizer(optimizer))
+        return get_optimizer_state_dict(self._model_of(optimizer), unwrap_optimizer(optimizer))
 
     def save_model_checkpoint(
         self,
