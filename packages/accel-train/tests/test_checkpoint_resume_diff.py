@@ -66,9 +66,12 @@ def test_each_changed_setting_is_one_line() -> None:
     ]
 
 
-def test_a_library_only_one_run_imported_is_shown_absent() -> None:
+def test_a_library_only_one_run_imported_is_no_difference_but_a_new_version_is() -> None:
+    """Whether a run imported DeepSpeed depends on what touched it first, not on the checkpoint."""
     current = _changed(versions={**RUN["versions"], "deepspeed": "0.19.0"})
-    assert _lines(RUN, current) == ["resume: deepspeed absent -> 0.19.0"]
+    assert _lines(RUN, current) == []
+    saved = _changed(versions={**RUN["versions"], "deepspeed": "0.18.0"})
+    assert _lines(saved, current) == ["resume: deepspeed 0.18.0 -> 0.19.0"]
 
 
 def test_another_backend_is_one_line_not_one_per_setting() -> None:
