@@ -24,3 +24,14 @@ def test_only_strategies_whose_model_is_whole_on_every_process_let_the_main_proc
     assert alone == {"single_device", "ddp"}
     for name in ("fsdp", "deepspeed", "nd_parallel", "pipeline"):
         assert strategy_class(name).is_sharded and not strategy_class(name).main_process_saves_alone
+
+
+def test_each_backend_row_names_its_strategy_and_no_two_rows_claim_a_distributed_type() -> None:
+    from accel_train.strategies import BACKENDS
+
+    claimed: dict = {}
+    for backend in BACKENDS:
+        assert strategy_class(backend.name).name == backend.name
+        for distributed_type in backend.distributed_types:
+            assert distributed_type not in claimed, f"{distributed_type} claimed by {claimed.get(distributed_type)}"
+            claimed[distributed_type] = backend.name

@@ -26,7 +26,7 @@ from accel_state.state import AcceleratorState
 from accel_train.plugins import TorchDynamoPlugin
 from accel_train.precisions import precision_class
 from accel_train.precisions.base import Precision
-from accel_train.strategies import strategy_class, strategy_name
+from accel_train.strategies import launcher_flags, strategy_class, strategy_name
 from accel_train.strategies.base import Strategy
 
 __all__ = ["HANDLER_SLOTS", "Components", "build", "handler_classes", "sort_handlers"]
@@ -112,15 +112,7 @@ def _plugins(
     )
 
     given = (deepspeed_plugin, deepspeed_plugins, fsdp_plugin, megatron_lm_plugin, torch_tp_plugin, parallelism_config)
-    if all(p is None for p in given) and not any(
-        env_vars.read(name)
-        for name in (
-            "ACCELERATE_USE_DEEPSPEED",
-            "ACCELERATE_USE_FSDP",
-            "ACCELERATE_USE_MEGATRON_LM",
-            "ACCELERATE_USE_PARALLELISM_CONFIG",
-        )
-    ):
+    if all(p is None for p in given) and not any(env_vars.read(name) for name in launcher_flags()):
         return dict.fromkeys(
             ("deepspeed_plugin", "fsdp_plugin", "megatron_lm_plugin", "torch_tp_plugin", "parallelism_config")
         )
