@@ -30,13 +30,27 @@ def test_patching_an_old_path_patches_the_running_code(monkeypatch: pytest.Monke
     assert new.get_fsdp2_grad_scaler() == "patched" and old is new
 
 
-def test_package_root_holds_few_modules() -> None:
+def test_no_backend_module_at_the_package_root() -> None:
+    """A backend's code lives in its folder under strategies/: no root module is named for a backend or
+    imports a backend library when it is imported (the old root paths are aliases, `MOVED_MODULES`)."""
+    import ast
     import pathlib
 
+    from accel_train.strategies import BACKENDS
+
     root = pathlib.Path(accel_train.__file__).parent
-    modules = [p.name for p in root.glob("*.py")]
-    assert len(modules) <= 20, sorted(modules)
-    assert not [m for m in modules if m.startswith(("fsdp_", "deepspeed_"))]
+    backend_words = {b.name.split("_")[0] for b in BACKENDS} - {"single"}
+    libraries = {"deepspeed", "megatron", "torch_xla", "transformer_engine"}
+    for path in sorted(root.glob("*.py")):
+        assert path.stem.split("_")[0] not in backend_words, f"{path.name} is a backend module at the root"
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:  # top-level imports only
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            assert not {n.split(".")[0] for n in names} & libraries, f"{path.name} imports {names} at import"
 
 
 # -- strategy interface ------------------------------------------------------------------------------------
