@@ -44,6 +44,7 @@ from accel_train.strategies.fsdp.wrap import (
     ignored_modules_of,
     resolve_wrap_classes,
 )
+from accel_train.strategies.mesh import build_mesh
 from accel_train.wrappers import is_compiled
 
 __all__ = ["FSDPStrategy", "fsdp_grad_scaler"]
@@ -228,13 +229,9 @@ class FSDPStrategy(Strategy):
         apply_activation_checkpointing(model, checkpoint_wrapper_fn=wrapper, check_fn=lambda m: isinstance(m, classes))
 
     def _hybrid_mesh(self) -> Any:
-        from torch.distributed.device_mesh import init_device_mesh
-
         dims = self.parallel_dims
-        return init_device_mesh(
-            self.device.type,
-            (dims.dp_replicate_size, dims.dp_shard_size),
-            mesh_dim_names=("dp_replicate", "dp_shard"),
+        return build_mesh(
+            self.device.type, [("dp_replicate", dims.dp_replicate_size), ("dp_shard", dims.dp_shard_size)]
         )
 
     def _shard_v1(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -288,21 +285,18 @@ class FSDPStrategy(Strategy):
         if dtypes[0] is not None:  # mixed precision: fp32 weights, as FSDP2
             fsdp1.upcast_flat_parameters(wrapped)
         if self._mesh is None:
-            from torch.distributed.device_mesh import init_device_mesh
-
-            self._mesh = init_device_mesh(device.type, (self.state.num_processes,), mesh_dim_names=("dp_shard",))
+            self._mesh = build_mesh(device.type, [("dp_shard", self.state.num_processes)])
         if ac_classes:
             self._apply_ac(wrapped, ac_classes)
         return wrapped
 
     def _shard_v2(self, model: torch.nn.Module, device_placement: bool) -> torch.nn.Module:
         import torch.distributed as dist
-        from torch.distributed.device_mesh import init_device_mesh
 
         plugin = self.plugin
         device = self.device
         if self._mesh is None:
-            self._mesh = init_device_mesh(device.type, (self.state.num_processes,), mesh_dim_names=("dp_shard",))
+            self._mesh = build_mesh(device.type, [("dp_shard", self.state.num_processes)])
         if plugin.activation_checkpointing:
             fsdp2.apply_activation_checkpointing(model, plugin)
         units = fsdp2.shard_units(model, plugin)

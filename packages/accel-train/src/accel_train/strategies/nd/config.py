@@ -279,21 +279,16 @@ class ParallelismConfig:
 
         Returns `None` under DeepSpeed sequence parallelism (``sp_size`` > 1), whose groups DeepSpeed builds.
         """
-        from torch.distributed.device_mesh import init_device_mesh
+        from accel_train.strategies.mesh import build_mesh
 
         if self.sequence_parallel_by_deepspeed:
             self._device_mesh = None
             return None
         names = self.active_mesh_dims or ["dp_replicate"]
         shape = tuple(max(self._sizes[name], 1) for name in names) if self.active_mesh_dims else (self.total_size,)
-        mesh = init_device_mesh(device_type, shape, mesh_dim_names=tuple(names))
-        for flat, parts in (
-            ("dp", self.dp_dim_names),
-            ("dp_shard_cp", self.dp_shard_cp_dim_names),
-            ("dp_cp", self.dp_cp_dim_names),
-        ):
-            if parts:  # one dimension too: scripts index mesh["dp_cp"] whatever is active
-                mesh[tuple(parts)]._flatten(flat)
+        # one dimension too: scripts index mesh["dp_cp"] whatever is active
+        flattened = {"dp": self.dp_dim_names, "dp_shard_cp": self.dp_shard_cp_dim_names, "dp_cp": self.dp_cp_dim_names}
+        mesh = build_mesh(device_type, list(zip(names, shape)), flattened)
         self._device_mesh = mesh
         return mesh
 

@@ -103,11 +103,9 @@ class PipelineStrategy(Strategy):
         self.sharded = int(self.config.dp_shard_size) > 1
         self.dp_dim = "dp_shard" if self.sharded else "dp_replicate"
         self.dp_size = int(self.config.dp_shard_size if self.sharded else self.config.dp_replicate_size)
-        from torch.distributed.device_mesh import init_device_mesh
+        from accel_train.strategies.mesh import build_mesh
 
-        self._mesh = init_device_mesh(
-            state.device.type, (self.num_stages, self.dp_size), mesh_dim_names=("pp", self.dp_dim)
-        )
+        self._mesh = build_mesh(state.device.type, [("pp", self.num_stages), (self.dp_dim, self.dp_size)])
         self.config._device_mesh = self._mesh
         self.pp_group = self._mesh["pp"].get_group()
         self.dp_group = self._mesh[self.dp_dim].get_group()
