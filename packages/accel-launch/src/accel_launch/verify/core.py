@@ -82,7 +82,7 @@ def _verify(args: argparse.Namespace, folder: str) -> VerifyResult:
         json.dump({"compute_environment": "LOCAL_MACHINE"}, handle)
     ref_argv = reference_argv(plan, reference, flags, config_path)
     script = [args.training_script, *args.training_script_args]
-    run = run_once("run", flags_to_argv(flags), script, steps, folder, os.environ)
+    run = run_once("requested", flags_to_argv(flags), script, steps, folder, os.environ)
     ref = run_once("reference", ref_argv, script, steps, folder, reference_env(os.environ, plan, reference))
     comparison = _compare(run, ref, tolerance, steps)
     from accel_launch.verify.report import format_report
