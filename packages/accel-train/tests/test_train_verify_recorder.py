@@ -99,3 +99,21 @@ def test_a_run_that_stops_early_leaves_an_incomplete_record(tmp_path, monkeypatc
     _train(Accelerator(cpu=True), micro_steps=3)
     record = json.loads(path.read_text())
     assert record["complete"] is False and len(record["steps"]) == 3 and record["params_file"] is None
+
+
+def test_the_learning_rate_is_the_one_each_step_used(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "run.json"
+    monkeypatch.setenv(RECORD_VAR, str(path))
+    monkeypatch.setenv(STEPS_VAR, "3")
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.4)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    with pytest.raises(SystemExit):
+        for _ in range(5):
+            accelerator.backward(model(torch.ones(2, 3)).sum())
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+    assert [step["lr"] for step in json.loads(path.read_text())["steps"]] == pytest.approx([0.4, 0.2, 0.1])

@@ -3,10 +3,11 @@
 `accel verify` (accel-launch) starts the user's script with ``ACCEL_VERIFY_RECORD=<file>`` and
 ``ACCEL_VERIFY_STEPS=<n>`` in the environment. An Accelerator created there builds one
 `VerifyRecorder`; `Accelerator.backward` hands it each loss, and the first prepared optimizer calls it
-around each real step (not on accumulation steps). Per optimizer step it keeps the mean of the losses
-given to ``backward`` (averaged over the processes), the global gradient norm just before the step
-(the strategy's own norm over shards, after any clipping the script did) and the learning rate of the
-first parameter group. After ``n`` steps it gathers the full parameters, writes the record (main
+around each real step (not on accumulation steps; under DeepSpeed, whose engine steps inside
+``backward``, when the script calls ``optimizer.step()`` at the boundary). Per optimizer step it keeps
+the mean of the losses given to ``backward`` (averaged over the processes), the global gradient norm
+just before the step (the strategy's own norm over shards, after any clipping the script did) and the
+learning rate of the first parameter group at the step's first ``backward``. After ``n`` steps it gathers the full parameters, writes the record (main
 process only), waits for every process and ends the run with ``SystemExit(0)`` on every rank.
 
 The record is JSON (``format`` 1) rewritten after every step with ``complete: false`` until the last,
@@ -73,6 +74,7 @@ class VerifyRecorder:
         self.records: list[dict[str, Any]] = []
         self._losses: list[float] = []
         self._pending: dict[str, Any] = {}
+        self._lr: float | None = None
         self._optimizer: Any = None
         self._write(complete=False)
 
@@ -87,15 +89,18 @@ class VerifyRecorder:
     def on_backward(self, loss: torch.Tensor) -> None:
         """Note the loss given to ``accelerator.backward`` (before the division by the accumulation steps)."""
         self.backward_calls += 1
+        if not self._losses and self._optimizer is not None:
+            # the rate this step uses, read before anything can step a scheduler (DeepSpeed's engine
+            # steps its optimizer and scheduler inside backward)
+            groups = self._optimizer.param_groups
+            self._lr = _number(groups[0].get("lr")) if groups else None
         self._losses.append(float(loss.detach().float().mean().item()))
         if self.backward_calls == 1:
             self._write(complete=False)
 
     def before_step(self, optimizer: Any) -> None:
-        """Note the learning rate and the global gradient norm the step is about to use."""
-        groups = optimizer.param_groups
-        lr = groups[0].get("lr") if groups else None
-        self._pending = {"lr": _number(lr), "grad_norm": self._grad_norm(optimizer)}
+        """Note the global gradient norm the step is about to use."""
+        self._pending = {"grad_norm": self._grad_norm(optimizer), "lr": self._lr}
 
     def after_step(self, optimizer: Any) -> None:
         """Close the step: average the loss over processes, write the record, end the run after the last one."""
