@@ -3,6 +3,7 @@ divergences, the report, the reference launch, and bad input (exit status 2, one
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -179,3 +180,37 @@ def test_help_runs_as_a_module_and_names_the_verify_options() -> None:
     ).stdout
     for option in ("--steps", "--reference", "--rtol", "--atol", "--json PATH", "--use_fsdp"):
         assert option in out
+
+
+# -- a run that records nothing usable ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        (None, "the requested run ended without creating an Accelerator, so nothing was recorded"),
+        ({"backward_calls": 0, "steps": []}, "the requested run never called accelerator.backward(loss)"),
+        (
+            {"backward_calls": 2, "complete": False, "steps": [{}, {}]},
+            "the requested run ended after 2 of the 5 optimizer steps asked for",
+        ),
+    ],
+)
+def test_a_record_that_cannot_be_compared_is_named(record, message) -> None:
+    from accel_launch.verify.runs import _check_record
+
+    with pytest.raises(VerifyError) as error:
+        _check_record(record, "requested", 5, "/tmp/requested.log")
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_script_that_fails_is_exit_2_with_the_end_of_its_output(tmp_path) -> None:
+    from accel_launch.verify.runs import run_once
+
+    script = tmp_path / "broken.py"
+    script.write_text("raise RuntimeError('the data folder is missing')\n")
+    with pytest.raises(VerifyError) as error:
+        run_once("requested", ["--cpu", "--num_processes", "1"], [str(script)], 2, str(tmp_path), dict(os.environ))
+    first, *rest = str(error.value).splitlines()
+    assert first.startswith("the requested run failed (exit status 1); its output ended with")
+    assert any("RuntimeError: the data folder is missing" in line for line in rest)
