@@ -214,3 +214,11 @@ def test_a_script_that_fails_is_exit_2_with_the_end_of_its_output(tmp_path) -> N
     first, *rest = str(error.value).splitlines()
     assert first.startswith("the requested run failed (exit status 1); its output ended with")
     assert any("RuntimeError: the data folder is missing" in line for line in rest)
+
+
+def test_the_tolerance_follows_the_precision_the_runs_recorded() -> None:
+    from accel_launch.verify.compare import looser_precision
+
+    assert looser_precision("no", "bf16") == "bf16"
+    assert looser_precision("fp16", "bf16") == "bf16"
+    assert looser_precision("no", None) == "no" and looser_precision("unknown") == "no"

@@ -80,6 +80,16 @@ def tolerance_for(mixed_precision: str, rtol: float | None = None, atol: float |
     )
 
 
+def looser_precision(*precisions: str | None) -> str:
+    """Of the precisions the runs used (as their records say), the one with the loosest default tolerance.
+
+    The precision a script gives ``Accelerator(mixed_precision=...)`` is not in the launch options, so the
+    records, not the launch plan, say what the runs computed in. Unknown or missing names count as float32.
+    """
+    known = [str(p).lower() for p in precisions if p is not None and str(p).lower() in DEFAULT_TOLERANCES]
+    return max(known, key=lambda name: DEFAULT_TOLERANCES[name], default="no")
+
+
 @dataclass(frozen=True)
 class Divergence:
     """The first place where the run and the reference disagree on one quantity.

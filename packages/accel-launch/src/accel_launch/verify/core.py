@@ -61,7 +61,7 @@ def verify_from_args(args: argparse.Namespace) -> VerifyResult:
 
 def _verify(args: argparse.Namespace, folder: str) -> VerifyResult:
     from accel_launch.launch_args import given_flags
-    from accel_launch.verify.compare import tolerance_for
+    from accel_launch.verify.compare import looser_precision, tolerance_for
     from accel_launch.verify.runs import flags_to_argv, reference_argv, reference_env, run_once
 
     steps, reference = args.steps, args.reference
@@ -73,8 +73,8 @@ def _verify(args: argparse.Namespace, folder: str) -> VerifyResult:
         raise VerifyError("--dry_run does not run the script; run `accel launch --dry_run` to see the plan")
     flags = given_flags(args)
     plan = _plan(args)
-    try:
-        tolerance = tolerance_for(str(plan.values.get("mixed_precision") or "no"), args.rtol, args.atol)
+    try:  # bad --rtol / --atol fail here, before anything runs
+        tolerance_for("no", args.rtol, args.atol)
     except ValueError as error:
         raise VerifyError(str(error)) from None
     config_path = os.path.join(folder, "reference_config.json")
@@ -84,7 +84,8 @@ def _verify(args: argparse.Namespace, folder: str) -> VerifyResult:
     script = [args.training_script, *args.training_script_args]
     run = run_once("requested", flags_to_argv(flags), script, steps, folder, os.environ)
     ref = run_once("reference", ref_argv, script, steps, folder, reference_env(os.environ, plan, reference))
-    comparison = _compare(run, ref, tolerance, steps)
+    precision = looser_precision(run.record.get("mixed_precision"), ref.record.get("mixed_precision"))
+    comparison = _compare(run, ref, tolerance_for(precision, args.rtol, args.atol), steps)
     from accel_launch.verify.report import format_report
 
     run_label = (
