@@ -50,19 +50,22 @@ class VerifyResult:
 
 def verify_from_args(args: argparse.Namespace) -> VerifyResult:
     """Run `accel verify` with arguments parsed by `accel_launch.commands.verify.verify_parser()`."""
+    try:
+        _check_input(args)
+    except VerifyError as error:
+        return VerifyResult(FAILED, f"accel verify: error: {error}", error=str(error))
     folder = tempfile.mkdtemp(prefix="accel-verify-")
     try:
         result = _verify(args, folder)
-    except VerifyError as error:
+    except VerifyError as error:  # the folder stays: the error names the run's log in it
         return VerifyResult(FAILED, f"accel verify: error: {error}", error=str(error))
     shutil.rmtree(folder, ignore_errors=True)
     return result
 
 
-def _verify(args: argparse.Namespace, folder: str) -> VerifyResult:
-    from accel_launch.launch_args import given_flags
-    from accel_launch.verify.compare import looser_precision, tolerance_for
-    from accel_launch.verify.runs import flags_to_argv, reference_argv, reference_env, run_once
+def _check_input(args: argparse.Namespace) -> None:
+    """Refuse bad ``accel verify`` options before anything runs (`VerifyError` naming the option)."""
+    from accel_launch.verify.compare import tolerance_for
 
     steps, reference = args.steps, args.reference
     if steps is None or steps < 1:
@@ -71,12 +74,20 @@ def _verify(args: argparse.Namespace, folder: str) -> VerifyResult:
         raise VerifyError(f"unknown reference {reference!r}: choose one of {', '.join(REFERENCES)}")
     if getattr(args, "dry_run", False):
         raise VerifyError("--dry_run does not run the script; run `accel launch --dry_run` to see the plan")
-    flags = given_flags(args)
-    plan = _plan(args)
-    try:  # bad --rtol / --atol fail here, before anything runs
+    try:
         tolerance_for("no", args.rtol, args.atol)
     except ValueError as error:
         raise VerifyError(str(error)) from None
+
+
+def _verify(args: argparse.Namespace, folder: str) -> VerifyResult:
+    from accel_launch.launch_args import given_flags
+    from accel_launch.verify.compare import looser_precision, tolerance_for
+    from accel_launch.verify.runs import flags_to_argv, reference_argv, reference_env, run_once
+
+    steps, reference = args.steps, args.reference
+    flags = given_flags(args)
+    plan = _plan(args)
     config_path = os.path.join(folder, "reference_config.json")
     with open(config_path, "w", encoding="utf-8") as handle:
         json.dump({"compute_environment": "LOCAL_MACHINE"}, handle)
