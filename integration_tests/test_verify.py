@@ -59,8 +59,9 @@ def script(tmp_path):
     return path
 
 
-def _verify(args: list[str]):
-    return run_command([*accel_command(), "verify", *args], timeout=300)
+def _verify(args: list[str], tmp_path):
+    # TMPDIR: the work folder a failed run keeps (its logs) stays inside the test's folder
+    return run_command([*accel_command(), "verify", *args], timeout=300, env={"TMPDIR": str(tmp_path)})
 
 
 def test_fsdp2_trains_the_same_model_as_ddp(script, tmp_path) -> None:
@@ -88,8 +89,10 @@ def test_fsdp2_trains_the_same_model_as_ddp(script, tmp_path) -> None:
     assert saved["records"]["reference"]["distributed_type"] == "MULTI_CPU"
 
 
-def test_a_loss_scaled_by_the_process_index_is_caught_at_step_1(script) -> None:
-    result = _verify(["--num_processes", "2", "--reference", "single", "--steps", "2", str(script), "--scale-by-rank"])
+def test_a_loss_scaled_by_the_process_index_is_caught_at_step_1(script, tmp_path) -> None:
+    result = _verify(
+        ["--num_processes", "2", "--reference", "single", "--steps", "2", str(script), "--scale-by-rank"], tmp_path
+    )
     assert result.returncode == 1, result.stdout + result.stderr
     divergences = [line for line in result.stdout.splitlines() if line.startswith("first divergence:")]
     assert divergences[0].startswith("first divergence: loss at step 1: ")
@@ -104,8 +107,9 @@ def test_a_loss_scaled_by_the_process_index_is_caught_at_step_1(script) -> None:
         (["--batches", "2"], "the requested run ended after 2 of the 3 optimizer steps asked for"),
     ],
 )
-def test_a_run_that_does_not_record_its_steps_is_one_line_and_exit_2(script, script_args, message) -> None:
-    result = _verify(["--num_processes", "1", "--steps", "3", str(script), *script_args])
+def test_a_run_that_does_not_record_its_steps_is_one_line_and_exit_2(script, script_args, message, tmp_path) -> None:
+    result = _verify(["--num_processes", "1", "--steps", "3", str(script), *script_args], tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("accel verify: error: ") and message in lines[0], result.stderr
+    assert f"its output: {tmp_path}" in lines[0]  # the log it names is kept
