@@ -78,7 +78,8 @@ def test_fsdp2_trains_the_same_model_as_ddp(script, tmp_path) -> None:
             "--json",
             str(record),
             str(script),
-        ]
+        ],
+        tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "tolerance: rtol=0.0001, atol=1e-06 (float32 default)" in result.stdout
