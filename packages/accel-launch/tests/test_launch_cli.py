@@ -28,6 +28,7 @@ TORCH_CHECK = "import sys, runpy\nsys.argv = ['accel', *{argv!r}]\ntry:\n    run
         ["env", "--help"],
         ["tpu-config", "--help"],
         ["to-fsdp2", "--help"],
+        ["verify", "--help"],
         ["config", "default", "--help"],
     ],
 )

@@ -27,6 +27,7 @@ OWN_COMMANDS: dict[str, str] = {
     "launch": "accel_launch.commands.launch:add_parser",
     "tpu-config": "accel_launch.commands.tpu:add_parser",
     "to-fsdp2": "accel_launch.commands.to_fsdp2:add_parser",
+    "verify": "accel_launch.commands.verify:add_parser",
 }
 
 

@@ -129,6 +129,8 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         TypeError: if ``project_config`` is not a ``ProjectConfiguration``.
     """
 
+    #: The `accel verify` recorder (`accel_train.verify_recorder`); ``None`` outside `accel verify`.
+    _verify: Any = None
     ddp_handler: DistributedDataParallelKwargs | None
     scaler_handler: GradScalerKwargs | None
     init_handler: InitProcessGroupKwargs | None
@@ -246,6 +248,12 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
 
             self._preemption = PreemptionWatch()
             self._preemption.install()
+        # `accel verify` asks for a record of the first optimizer steps through the environment; without
+        # it this stays None and backward / the optimizer's step test only that.
+        if os.environ.get("ACCEL_VERIFY_RECORD"):
+            from accel_train.verify_recorder import recorder_from_environment
+
+            self._verify = recorder_from_environment(self)
 
     # -- prepare ----------------------------------------------------------------------------------
 
@@ -357,6 +365,8 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         wrapped = self._strategy.wrap_optimizer(optimizer, device_placement)
         _mark_prepared(wrapped)
         self._optimizers.append(wrapped)
+        if self._verify is not None:
+            self._verify.attach(wrapped)
         return wrapped
 
     def _register_scheduler(self, scheduler: Any) -> Any:
@@ -494,6 +504,8 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
             loss: the scalar loss to compute gradients of.
             **kwargs: keyword arguments passed on to the underlying ``backward`` call.
         """
+        if self._verify is not None:
+            self._verify.on_backward(loss)
         self._strategy.backward(loss, self.gradient_state.plugin_kwargs["num_steps"], **kwargs)
 
     def _do_sync(self) -> None:

@@ -26,6 +26,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         precision: the Accelerator's precision, which steps the optimizer (and owns the scaler).
     """
 
+    #: The `accel verify` recorder following this optimizer's steps (``None``, the class default, outside
+    #: `accel verify`: then ``step`` pays one attribute test).
+    _verify_hook: Any = None
+
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
@@ -128,6 +132,16 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         """
         if not self.gradient_state.sync_gradients:
             return None
+        hook = self._verify_hook
+        if hook is None:
+            return self._step(closure)
+        hook.before_step(self)
+        result = self._step(closure)
+        hook.after_step(self)
+        return result
+
+    def _step(self, closure: Any) -> Any:
+        """The real update, through the precision (or the scaler) when there is one."""
         if self.precision is not None:
             result, self._is_overflow = self.precision.optimizer_step(self.optimizer, closure)
             return result
@@ -144,7 +158,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         return self._is_overflow
 
     def __getstate__(self) -> dict[str, Any]:
-        return {key: value for key, value in self.__dict__.items() if key != "gradient_state"}
+        return {key: value for key, value in self.__dict__.items() if key not in ("gradient_state", "_verify_hook")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

@@ -5,6 +5,7 @@ _L = "accel_launch"
 TOP_LEVEL: dict[str, str] = {
     "notebook_launcher": f"{_L}.launchers",
     "debug_launcher": f"{_L}.launchers",
+    "verify": f"{_L}.verify",
 }
 
 UTILS: dict[str, str] = {
@@ -26,6 +27,7 @@ MODULES: dict[str, str] = {
     "accel.commands.env": f"{_L}.commands.env",
     "accel.commands.tpu": f"{_L}.commands.tpu",
     "accel.commands.to_fsdp2": f"{_L}.commands.to_fsdp2",
+    "accel.commands.verify": f"{_L}.commands.verify",
     "accel.launchers": f"{_L}.launchers",
     "accel.utils.launch": f"{_L}.launch_utils",
 }

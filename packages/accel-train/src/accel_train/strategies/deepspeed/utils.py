@@ -309,11 +309,16 @@ class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
         """
 
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
-        """Nothing: ``accelerator.backward`` steps the engine at accumulation boundaries.
+        """Nothing: ``accelerator.backward`` steps the engine at accumulation boundaries. Under
+        `accel verify` the boundary is still counted here, where the script steps.
 
         Args:
             closure: Accepted for the optimizer signature; unused. Defaults to `None`.
         """
+        hook = self._verify_hook
+        if hook is not None and self.gradient_state.sync_gradients:
+            hook.before_step(self)
+            hook.after_step(self)
 
     @property
     def step_was_skipped(self) -> bool:

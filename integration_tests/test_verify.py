@@ -1,0 +1,116 @@
+"""`accel verify` through the real launcher on gloo processes: FSDP2 agrees with DDP; a loss scaled by the
+process index is caught at step 1 and named; a script that never calls ``backward`` or ends before the
+steps asked for is one clear line with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+from conftest import accel_command, run_command
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import torch
+    from accel import Accelerator
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp = torch.nn.Linear(4, 16)
+            self.mid = torch.nn.Linear(16, 16)
+            self.head = torch.nn.Linear(16, 1)
+        def forward(self, x):
+            return self.head(torch.relu(self.mid(torch.relu(self.inp(x)))))
+
+    args = sys.argv[1:]
+    batches = int(args[args.index("--batches") + 1]) if "--batches" in args else 16
+    accelerator = Accelerator()
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    generator = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4, generator=generator), torch.randn(64, 1, generator=generator))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for index, (x, y) in enumerate(loader):
+        if index == batches:
+            break
+        with accelerator.accumulate(model):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            if "--scale-by-rank" in args:  # the deliberate mistake
+                loss = loss * (1 + accelerator.process_index)
+            if "--no-backward" in args:
+                loss.backward()
+            else:
+                accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+)
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def _verify(args: list[str], tmp_path):
+    # TMPDIR: the work folder a failed run keeps (its logs) stays inside the test's folder
+    return run_command([*accel_command(), "verify", *args], timeout=300, env={"TMPDIR": str(tmp_path)})
+
+
+def test_fsdp2_trains_the_same_model_as_ddp(script, tmp_path) -> None:
+    record = tmp_path / "record.json"
+    result = _verify(
+        [
+            "--num_processes",
+            "2",
+            "--use_fsdp",
+            "--fsdp_version",
+            "2",
+            "--steps",
+            "3",
+            "--json",
+            str(record),
+            str(script),
+        ],
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "tolerance: rtol=0.0001, atol=1e-06 (float32 default)" in result.stdout
+    assert result.stdout.strip().endswith("accel verify: the runs agree")
+    saved = json.loads(record.read_text())
+    assert saved["result"] == "agree" and [step["step"] for step in saved["steps"]] == [1, 2, 3]
+    assert saved["records"]["run"]["distributed_type"] == "FSDP"
+    assert saved["records"]["reference"]["distributed_type"] == "MULTI_CPU"
+
+
+def test_a_loss_scaled_by_the_process_index_is_caught_at_step_1(script, tmp_path) -> None:
+    result = _verify(
+        ["--num_processes", "2", "--reference", "single", "--steps", "2", str(script), "--scale-by-rank"], tmp_path
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    divergences = [line for line in result.stdout.splitlines() if line.startswith("first divergence:")]
+    assert divergences[0].startswith("first divergence: loss at step 1: ")
+    assert any(line.startswith("first divergence: parameters after step 2: ") for line in divergences)
+    assert result.stdout.strip().endswith("accel verify: the runs differ")
+
+
+@pytest.mark.parametrize(
+    ("script_args", "message"),
+    [
+        (["--no-backward"], "the requested run never called accelerator.backward(loss)"),
+        (["--batches", "2"], "the requested run ended after 2 of the 3 optimizer steps asked for"),
+    ],
+)
+def test_a_run_that_does_not_record_its_steps_is_one_line_and_exit_2(script, script_args, message, tmp_path) -> None:
+    result = _verify(["--num_processes", "1", "--steps", "3", str(script), *script_args], tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("accel verify: error: ") and message in lines[0], result.stderr
+    assert f"its output: {tmp_path}" in lines[0]  # the log it names is kept

@@ -1,0 +1,145 @@
+"""`accel verify` from parsed arguments to an exit status: plan, two runs, comparison, report.
+
+Exit status: 0 when every recorded quantity agrees within tolerance, 1 when something differs, 2 when
+the input is wrong or a run could not start or did not record its steps (one line says which).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+from accel_launch.verify.runs import REFERENCES, RunResult, VerifyError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any
+
+    from accel_launch.verify.compare import Comparison
+
+AGREE, DIFFER, FAILED = 0, 1, 2
+
+
+@dataclass
+class VerifyResult:
+    """The outcome of `accel verify`.
+
+    Args:
+        exit_code: 0 agree, 1 differ, 2 bad input or a run that could not start or finish.
+        report: the text printed (the table and the divergences, or the error line).
+        comparison: the step-by-step comparison (``None`` when a run failed).
+        error: the error line when ``exit_code`` is 2.
+    """
+
+    exit_code: int
+    report: str
+    comparison: Comparison | None = None
+    error: str | None = None
+    records: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def agree(self) -> bool:
+        """True when the runs agree within tolerance."""
+        return self.exit_code == AGREE
+
+
+def verify_from_args(args: argparse.Namespace) -> VerifyResult:
+    """Run `accel verify` with arguments parsed by `accel_launch.commands.verify.verify_parser()`."""
+    try:
+        _check_input(args)
+    except VerifyError as error:
+        return VerifyResult(FAILED, f"accel verify: error: {error}", error=str(error))
+    folder = tempfile.mkdtemp(prefix="accel-verify-")
+    try:
+        result = _verify(args, folder)
+    except VerifyError as error:  # the folder stays: the error names the run's log in it
+        return VerifyResult(FAILED, f"accel verify: error: {error}", error=str(error))
+    shutil.rmtree(folder, ignore_errors=True)
+    return result
+
+
+def _check_input(args: argparse.Namespace) -> None:
+    """Refuse bad ``accel verify`` options before anything runs (`VerifyError` naming the option)."""
+    from accel_launch.verify.compare import tolerance_for
+
+    steps, reference = args.steps, args.reference
+    if steps is None or steps < 1:
+        raise VerifyError(f"--steps must be a whole number of optimizer steps >= 1, got {steps}")
+    if reference not in REFERENCES:
+        raise VerifyError(f"unknown reference {reference!r}: choose one of {', '.join(REFERENCES)}")
+    if getattr(args, "dry_run", False):
+        raise VerifyError("--dry_run does not run the script; run `accel launch --dry_run` to see the plan")
+    try:
+        tolerance_for("no", args.rtol, args.atol)
+    except ValueError as error:
+        raise VerifyError(str(error)) from None
+
+
+def _verify(args: argparse.Namespace, folder: str) -> VerifyResult:
+    from accel_launch.launch_args import given_flags
+    from accel_launch.verify.compare import looser_precision, tolerance_for
+    from accel_launch.verify.runs import flags_to_argv, reference_argv, reference_env, run_once
+
+    steps, reference = args.steps, args.reference
+    flags = given_flags(args)
+    plan = _plan(args)
+    config_path = os.path.join(folder, "reference_config.json")
+    with open(config_path, "w", encoding="utf-8") as handle:
+        json.dump({"compute_environment": "LOCAL_MACHINE"}, handle)
+    ref_argv = reference_argv(plan, reference, flags, config_path)
+    script = [args.training_script, *args.training_script_args]
+    run = run_once("requested", flags_to_argv(flags), script, steps, folder, os.environ)
+    ref = run_once("reference", ref_argv, script, steps, folder, reference_env(os.environ, plan, reference))
+    precision = looser_precision(run.record.get("mixed_precision"), ref.record.get("mixed_precision"))
+    comparison = _compare(run, ref, tolerance_for(precision, args.rtol, args.atol), steps)
+    from accel_launch.verify.report import format_report
+
+    run_label = (
+        "accel launch " + " ".join(run.launch_argv) if run.launch_argv else "accel launch (config file defaults)"
+    )
+    ref_label = f"{reference} on {1 if reference == 'single' else plan.num_processes} process(es)"
+    text = format_report(comparison, run_label, ref_label)
+    records = {"run": run.record, "reference": ref.record}
+    if args.json_path:
+        with open(args.json_path, "w", encoding="utf-8") as handle:
+            json.dump(
+                {**comparison.to_dict(), "steps_requested": steps, "reference": reference, "records": records},
+                handle,
+                indent=1,
+            )
+    return VerifyResult(AGREE if comparison.agree else DIFFER, text, comparison, records=records)
+
+
+def _plan(args: argparse.Namespace) -> Any:
+    from accel_launch.commands.launch import plan_launch
+    from accel_launch.runner import LaunchError
+    from accel_launch.values import ConfigError
+
+    try:
+        return plan_launch(args)
+    except (ConfigError, LaunchError, FileNotFoundError) as error:
+        raise VerifyError(str(error)) from None
+
+
+def _compare(run: RunResult, ref: RunResult, tolerance: Any, steps: int) -> Comparison:
+    import torch
+
+    from accel_launch.verify.compare import compare_parameters, compare_steps
+
+    comparison = compare_steps(run.record, ref.record, tolerance)
+    run_params = torch.load(run.params_path, weights_only=True)
+    ref_params = torch.load(ref.params_path, weights_only=True)
+    compare_parameters(run_params, ref_params, tolerance, steps, comparison)
+    return comparison
+
+
+def print_result(result: VerifyResult) -> int:
+    """Print ``result``'s report (stdout; the error line on stderr) and return its exit status."""
+    stream = sys.stderr if result.exit_code == FAILED else sys.stdout
+    print(result.report, file=stream)
+    return result.exit_code
