@@ -10,7 +10,7 @@ Beside the Trainer's eval loss, OUT/metrics-MODE.json holds the loss computed by
 weights (a fresh model and a plain loop, no Trainer) and which library ``import accelerate`` gave this
 process. Both are worked out here, in the process that trained, rather than by the test: a separate
 process to ask about ``accelerate`` and transformers imported into the test's own process cost about
-10 CPU-s per case (issue 34, CI time).
+20 CPU-s per case on a 2-core machine (issue 34, CI time).
 """
 
 from __future__ import annotations
