@@ -102,11 +102,19 @@ def test_srun_accel_launch_two_nodes_requeues_after_the_preemption_save(
     assert "preemption requested (SIGTERM)" in out, out[-4000:]
     assert (tmp_path / "scontrol.log").read_text().splitlines() == ["requeue 4242"]  # once, from machine rank 0
     assert "job requeued (scontrol requeue 4242)" in out
+    # the preemption save is complete and alone: nothing partial beside it
+    stopped_at = int((tmp_path / "steps.log").read_text().splitlines()[-1].split()[1])
+    checkpoints = sorted(os.listdir(tmp_path / "checkpoints"), key=lambda name: int(name.split("_")[1]))
+    latest = tmp_path / "checkpoints" / checkpoints[-1]
+    assert (latest / "accel_checkpoint.json").is_file() and (latest / "model.safetensors").is_file()
+    assert not any(name.startswith(".") for name in checkpoints), checkpoints
 
     env.pop("PREEMPT_SAVE"), env.pop("SLOW_STEP")
     again = run_command([*command, JOB, str(tmp_path)], env=env, timeout=TIMEOUT)
-    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
-    assert "resumed at batch" in again.stdout + again.stderr
+    text = again.stdout + again.stderr
+    assert again.returncode == 0, text[-4000:]
+    # both machines stopped at the step under way when SIGTERM came, and kept it (docs/faults.md)
+    assert f"resumed at batch {stopped_at}," in text, text[-4000:]
     assert same_weights(final_weights(tmp_path), uninterrupted)
 
 

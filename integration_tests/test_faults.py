@@ -1,6 +1,7 @@
 """Faults through the real ``accel launch``: killed workers restarted with an exact resume (one machine
 with two processes, and two machines with one process each over loopback), SIGTERM to the launcher
-with save_on_preemption, and a collective that one rank skips.
+with save_on_preemption (before a release; CI's SLURM requeue test makes that preemption), and a
+collective that one rank skips.
 
 Restarts repeat: the one-machine test kills a worker three times in one run (SIGKILL, an exception,
 ``os._exit(137)``) under ``--max_restarts 3``; the two-machine test kills one machine's worker once.
@@ -89,6 +90,15 @@ def test_two_machines_one_killed_both_restart_and_resume_exactly(tmp_path: pathl
     assert same_weights(final_weights(tmp_path), uninterrupted)
 
 
+# Before a release only (nox -s slow). CI makes the same preemption through test_cluster_slurm.py: its requeue
+# test sends SIGTERM through `srun` to two `accel launch` of this job with PREEMPT_SAVE and checks the same
+# things (status 143, one complete checkpoint and nothing partial, the resume at the step under way, the
+# uninterrupted run's parameters), and its SIGUSR1 test sends the signal to one launcher of two processes, as
+# here, which saves and exits 143 through the same handler.
+@pytest.mark.release(
+    covered_by="test_cluster_slurm.py::test_srun_accel_launch_two_nodes_requeues_after_the_preemption_save "
+    "and test_cluster_slurm.py::test_sigusr1_to_the_launcher_stops_the_run_like_sigterm"
+)
 def test_sigterm_to_launcher_saves_exits_143_and_resumes_exactly(tmp_path: pathlib.Path, uninterrupted: list) -> None:
     steps = tmp_path / "steps.log"
     code, out = signal_after_steps(

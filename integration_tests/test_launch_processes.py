@@ -1,7 +1,8 @@
 """End-to-end: `accel launch` starts real processes (CPU, gloo) that form one group.
 
 One machine with two processes, and two `accel launch` invocations acting as two machines over
-loopback. Each process checks its rank, the world size and an all-reduce, and reports its pid.
+loopback (before a release; CI makes that launch in test_cluster_launcher.py). Each process checks its
+rank, the world size and an all-reduce, and reports its pid.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import accel_command, run_command
 
 SCRIPT = """
@@ -79,6 +81,11 @@ def test_launch_cpu_two_processes(tmp_path: Path) -> None:
     assert "rank 0 of 2" in logged and "rank 1 of 2" in logged
 
 
+# Before a release only (nox -s slow): test_cluster_launcher.py's PET test makes the same launch in CI (two
+# `accel launch`, one process each, static rendezvous on 127.0.0.1, each rank checking world and all-reduce);
+# its plan differs from this one only in where the settings come from (PET_* variables instead of these
+# flags), and both readings are unit-tested in accel-launch (test_launch_plan, test_launch_topology_plan).
+@pytest.mark.release(covered_by="test_cluster_launcher.py::test_two_launches_with_only_pet_variables_form_one_run")
 def test_launch_two_machines_over_loopback(tmp_path: Path) -> None:
     script = tmp_path / "check.py"
     script.write_text(SCRIPT)
