@@ -241,10 +241,23 @@ def dispatch_model(
         if device == "disk":
             raise ValueError("The whole model is mapped to 'disk': use disk_offload(model, offload_dir) instead.")
         target = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-        if any(t.device != target for t in model.parameters()) or any(b.device != target for b in model.buffers()):
+        if not _all_on(model, target):
             model.to(target)
     model.hf_device_map = dict(device_map)  # type: ignore[assignment]
     return model
+
+
+def _all_on(model: nn.Module, target: torch.device) -> bool:
+    """Whether every parameter and buffer of ``model`` is on ``target``: one walk over the modules'
+    own tensors, without the per-tensor generators of ``model.parameters()``."""
+    stack = [model]
+    while stack:
+        module = stack.pop()
+        for tensor in (*module._parameters.values(), *module._buffers.values()):
+            if tensor is not None and tensor.device != target:
+                return False
+        stack.extend(child for child in module._modules.values() if child is not None)
+    return True
 
 
 def _guard_moves(model: nn.Module) -> None:
