@@ -25,7 +25,7 @@ from accel_bigmodel.offload import offload_weight, save_offload_index
 from accel_bigmodel.planning import check_device_map, device_for
 from accel_bigmodel.progress import progress
 from accel_bigmodel.safe_write import link_into
-from accel_bigmodel.sizes import str_to_dtype
+from accel_bigmodel.sizes import str_to_dtype, walk_modules
 from accel_bigmodel.tensor_io import FileMaps, TensorLocation, dtype_name
 from accel_bigmodel.tensors import rebuild_parameter
 from accel_bigmodel.tied import retie_parameters
@@ -44,12 +44,7 @@ def _scan_model(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, nn
     modules: dict[str, nn.Module] = {}
     buffers: set[str] = set()
     by_id: dict[int, list[str]] = {}
-    # the order and names of named_modules(remove_duplicate=False), walked without its nested generators
-    stack: list[tuple[str, nn.Module]] = [("", model)]
-    while stack:
-        prefix, module = stack.pop()
-        children = [(f"{prefix}.{n}" if prefix else n, m) for n, m in module._modules.items() if m is not None]
-        stack.extend(reversed(children))
+    for prefix, module in walk_modules(model):
         modules.setdefault(prefix, module)
         dot = f"{prefix}." if prefix else ""
         for name, param in module._parameters.items():
