@@ -182,6 +182,34 @@ def dispatch_model(
         force_hooks: Add the device-alignment hooks even when the whole model is on one device.
     """
     check_device_map(model, device_map)
+    return _dispatch_checked(
+        model,
+        device_map,
+        main_device=main_device,
+        state_dict=state_dict,
+        offload_dir=offload_dir,
+        offload_index=offload_index,
+        offload_buffers=offload_buffers,
+        skip_keys=skip_keys,
+        preload_module_classes=preload_module_classes,
+        force_hooks=force_hooks,
+    )
+
+
+def _dispatch_checked(
+    model: nn.Module,
+    device_map: dict[str, str | int | torch.device],
+    main_device: torch.device | str | int | None = None,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    offload_dir: str | os.PathLike[str] | None = None,
+    offload_index: dict[str, Any] | None = None,
+    offload_buffers: bool = False,
+    skip_keys: str | list[str] | None = None,
+    preload_module_classes: list[str] | None = None,
+    force_hooks: bool = False,
+) -> nn.Module:
+    """`dispatch_model()` for a ``device_map`` already checked against the model (`check_device_map()`):
+    `load_checkpoint_and_dispatch()` checks it once, in `load_checkpoint_in_model()`, not twice."""
     device_map = {k: _normalize_device(v) for k, v in device_map.items()}
     values = set(device_map.values())
     if len(values) > 1 or force_hooks:
@@ -241,10 +269,23 @@ def dispatch_model(
         if device == "disk":
             raise ValueError("The whole model is mapped to 'disk': use disk_offload(model, offload_dir) instead.")
         target = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-        if any(t.device != target for t in model.parameters()) or any(b.device != target for b in model.buffers()):
+        if not _all_on(model, target):
             model.to(target)
     model.hf_device_map = dict(device_map)  # type: ignore[assignment]
     return model
+
+
+def _all_on(model: nn.Module, target: torch.device) -> bool:
+    """Whether every parameter and buffer of ``model`` is on ``target``: one walk over the modules'
+    own tensors, without the per-tensor generators of ``model.parameters()``."""
+    stack = [model]
+    while stack:
+        module = stack.pop()
+        for tensor in (*module._parameters.values(), *module._buffers.values()):
+            if tensor is not None and tensor.device != target:
+                return False
+        stack.extend(child for child in module._modules.values() if child is not None)
+    return True
 
 
 def _guard_moves(model: nn.Module) -> None:
@@ -347,7 +388,7 @@ def load_checkpoint_and_dispatch(
     )
     if device_map is None:
         return model
-    return dispatch_model(
+    return _dispatch_checked(  # load_checkpoint_in_model checked the map
         model,
         device_map=device_map,
         offload_dir=offload_folder,

@@ -122,8 +122,14 @@ def _read_index(path: str) -> CheckpointFiles:
             "an index with a 'weight_map' of tensor name -> file name",
             f"a JSON {type(index).__name__} without one",
         )
-    key_to_file = {key: _inside(path, name, key) for key, name in weight_map.items()}
-    files = list(dict.fromkeys(key_to_file.values()))
+    resolved: dict[str, str] = {}  # each shard name is checked and joined once, not once per tensor
+    key_to_file: dict[str, str] = {}
+    for key, name in weight_map.items():
+        file = resolved.get(name)
+        if file is None:
+            file = resolved[name] = _inside(path, name, key)
+        key_to_file[key] = file
+    files = list(dict.fromkeys(resolved.values()))
     missing = [f for f in files if not os.path.isfile(f)]
     if missing:
         raise CheckpointError(f"Index file {path!r} lists shard files that do not exist: {missing}.")

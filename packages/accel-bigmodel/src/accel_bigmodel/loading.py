@@ -25,7 +25,7 @@ from accel_bigmodel.offload import offload_weight, save_offload_index
 from accel_bigmodel.planning import check_device_map, device_for
 from accel_bigmodel.progress import progress
 from accel_bigmodel.safe_write import link_into
-from accel_bigmodel.sizes import str_to_dtype
+from accel_bigmodel.sizes import str_to_dtype, walk_modules
 from accel_bigmodel.tensor_io import FileMaps, TensorLocation, dtype_name
 from accel_bigmodel.tensors import rebuild_parameter
 from accel_bigmodel.tied import retie_parameters
@@ -44,7 +44,7 @@ def _scan_model(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, nn
     modules: dict[str, nn.Module] = {}
     buffers: set[str] = set()
     by_id: dict[int, list[str]] = {}
-    for prefix, module in model.named_modules(remove_duplicate=False):
+    for prefix, module in walk_modules(model):
         modules.setdefault(prefix, module)
         dot = f"{prefix}." if prefix else ""
         for name, param in module._parameters.items():
@@ -77,7 +77,7 @@ def check_checkpoint_matches(
             tied_ok.update(group)
     missing = [k for k in expected if k not in found and k not in tied_ok]
     unexpected = [k for k in found if k not in expected]
-    bad_shapes = {k for k in expected if k in found and tuple(found[k][0]) != tuple(expected[k].shape)}
+    bad_shapes = {k for k in expected if k in found and tuple(found[k][0]) != expected[k].shape}
     shapes = [
         f"{k}: checkpoint {tuple(found[k][0])} vs model {tuple(expected[k].shape)}" for k in expected if k in bad_shapes
     ]
@@ -181,6 +181,7 @@ def load_checkpoint_in_model(
     deferred: dict[str, Any] = {}  # cpu weights kept out of RAM until the end (offload_state_dict)
     temp_dir = tempfile.mkdtemp(prefix="accel-offload-") if offload_state_dict else None
     maps = FileMaps()
+    where = _DeviceLookup(device_map)
     try:
         for path in progress(
             files.files,
@@ -198,8 +199,7 @@ def load_checkpoint_in_model(
                     continue
                 stored = item.dtype
                 wanted = _target_dtype(name, current, stored, torch_dtype, fp32_modules)
-                device = device_for(name, device_map) if device_map is not None else "cpu"
-                device = "cpu" if device is None else device
+                device = where(name)
                 if device == "disk" and (offload_buffers or name not in buffer_names):
                     if offload_8bit_bnb and _is_8bit_bnb_param(current) and stored.is_floating_point:
                         value = maps.tensor(item) if safetensors_file else item
@@ -227,7 +227,7 @@ def load_checkpoint_in_model(
                         deferred[name] = ("dat", wanted)
                     continue
                 value = maps.tensor(item) if safetensors_file else item
-                _place(modules, name, value, wanted, device)
+                _place(modules, name, value, wanted, where.target(device))
             if bin_to_disk:
                 offload_index.update(write_offload_file(str(offload_folder), bin_to_disk))
                 bin_to_disk.clear()
@@ -240,10 +240,10 @@ def load_checkpoint_in_model(
                     os.path.join(str(temp_dir), f"{name}.dat"),
                     {"dtype": dtype_name(info[1]), "shape": list(expected[name].shape)},
                 )
-                _place(modules, name, value, info[1], "cpu")
+                _place(modules, name, value, info[1], None)
             else:
                 path, item, wanted = info
-                _place(modules, name, maps.tensor(item), wanted, "cpu")
+                _place(modules, name, maps.tensor(item), wanted, None)
     finally:
         maps.close()
         if temp_dir is not None:
@@ -253,16 +253,59 @@ def load_checkpoint_in_model(
     retie_parameters(model, tied_groups)
 
 
-def _place(modules: dict[str, nn.Module], name: str, value: torch.Tensor, dtype: torch.dtype, device: Any) -> None:
-    """Fast path of set_module_tensor_to_device for loading: shapes were checked up front."""
+class _DeviceLookup:
+    """Where each tensor goes under ``device_map``, worked out once per module rather than once per tensor.
+
+    Calling it with a tensor name gives its entry in the map (its own, else its longest module prefix's;
+    "cpu" without a map or without a matching entry); `target()` turns that entry into the torch device
+    a value must be moved to, or ``None`` when it stays on the CPU.
+    """
+
+    def __init__(self, device_map: Mapping[str, Any] | None) -> None:
+        self._map = device_map
+        self._by_module: dict[str, Any] = {}
+        self._targets: dict[Any, torch.device | None] = {}
+
+    def __call__(self, name: str) -> Any:
+        device_map = self._map
+        if device_map is None:
+            return "cpu"
+        if name in device_map:  # a map may name a tensor itself
+            device = device_map[name]
+            return "cpu" if device is None else device
+        module_name = name.rpartition(".")[0]
+        device = self._by_module.get(module_name, self)
+        if device is self:
+            device = device_for(module_name, device_map)
+            device = self._by_module[module_name] = "cpu" if device is None else device
+        return device
+
+    def target(self, device: Any) -> torch.device | None:
+        """The torch device for the map entry ``device`` (an index is a CUDA device); ``None`` for "cpu"."""
+        key = (type(device), device)
+        if key not in self._targets:
+            if isinstance(device, int):
+                self._targets[key] = torch.device("cuda", device)
+            elif isinstance(device, str | torch.device) and str(device) != "cpu":
+                self._targets[key] = torch.device(device)
+            else:
+                self._targets[key] = None
+        return self._targets[key]
+
+
+def _place(
+    modules: dict[str, nn.Module], name: str, value: torch.Tensor, dtype: torch.dtype, target: torch.device | None
+) -> None:
+    """Fast path of set_module_tensor_to_device for loading: shapes were checked up front.
+
+    ``target`` is the device the value is moved to, ``None`` to keep it on the CPU where it was read.
+    """
     module_name, _, attr = name.rpartition(".")
     owner = modules[module_name]
     if value.dtype != dtype:
         value = value.to(dtype)
-    if isinstance(device, int) or (isinstance(device, str) and device != "cpu") or isinstance(device, torch.device):
-        target = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-        if value.device != target:
-            value = value.to(target)
+    if target is not None and value.device != target:
+        value = value.to(target)
     if attr in owner._buffers:
         owner._buffers[attr] = value
         return

@@ -191,9 +191,14 @@ def load_offload_index(offload_folder: str | os.PathLike[str]) -> dict[str, Any]
         )
     folder = os.fspath(offload_folder)
     root = allowed_root(folder)
+    checked: set[str] = set()  # many entries share one safetensors file: check each file once
     for key, info in index.items():
         if "safetensors_file" in info:
-            named = _inside(path, str(info["safetensors_file"]), key)
+            name = str(info["safetensors_file"])
+            if name in checked:
+                continue
+            checked.add(name)
+            named = _inside(path, name, key)
         else:
             named = dat_path(folder, key, path)
         if os.path.lexists(named):  # a link must resolve inside the folder (a missing file is named on read)

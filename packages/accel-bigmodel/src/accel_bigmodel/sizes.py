@@ -103,13 +103,28 @@ def str_to_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return value
 
 
+def walk_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """(name, module) for ``model`` and every submodule, as ``named_modules(remove_duplicate=False)`` gives
+    them (same order, shared modules under each of their names), from one explicit stack instead of a
+    generator per nesting level, which costs a call per level for every module of a deep model."""
+    stack: list[tuple[str, nn.Module]] = [("", model)]
+    while stack:
+        prefix, module = stack.pop()
+        yield prefix, module
+        children = module._modules
+        if children:
+            stack.extend(
+                reversed([(f"{prefix}.{n}" if prefix else n, m) for n, m in children.items() if m is not None])
+            )
+
+
 def iter_module_tensors(model: nn.Module, remove_duplicate: bool = True) -> Iterator[tuple[str, torch.Tensor, bool]]:
     """(full name, tensor, is_parameter) for every parameter then buffer of each module, in one walk.
 
     Much cheaper than ``named_parameters`` + ``named_buffers`` on models with many modules.
     """
     seen: set[int] = set()
-    for prefix, module in model.named_modules(remove_duplicate=False):
+    for prefix, module in walk_modules(model):
         dot = f"{prefix}." if prefix else ""
         for name, param in module._parameters.items():
             if param is None:

@@ -12,8 +12,7 @@ import json
 import mmap
 import os
 import struct
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -43,9 +42,12 @@ for _name, _attr in (
         SAFETENSORS_DTYPES[_name] = getattr(torch, _attr)
 
 
-@dataclass(frozen=True)
-class TensorLocation:
-    """Where a tensor's bytes are: ``path`` at byte ``offset``, with its stored dtype and shape."""
+class TensorLocation(NamedTuple):
+    """Where a tensor's bytes are: ``path`` at byte ``offset``, with its stored dtype and shape.
+
+    A named tuple (immutable, like the frozen record it replaces) because a header makes one per tensor:
+    building a tuple costs a fraction of a frozen dataclass's checked attribute writes.
+    """
 
     path: str
     offset: int
@@ -151,8 +153,32 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def _text(value: Any) -> str | None:
+    """``value`` when it is a string (a dict key to look up), else ``None``."""
+    return value if type(value) is str else None
+
+
 def _entry(path: str, name: str, info: Any, base: int) -> tuple[int, int, TensorLocation]:
     """``(begin, end, location)`` of header entry ``name``, each field checked."""
+
+    if type(info) is dict:  # a well-formed entry passes every check below in a few operations
+        dtype, shape, offsets = (
+            SAFETENSORS_DTYPES.get(_text(info.get("dtype"))),
+            info.get("shape"),
+            info.get("data_offsets"),
+        )
+        if dtype is not None and type(shape) is list and type(offsets) is list and len(offsets) == 2:
+            begin, end = offsets
+            if type(begin) is int and type(end) is int and 0 <= begin <= end:
+                count = 1
+                for dim in shape:
+                    if type(dim) is not int or dim < 0:
+                        break
+                    count *= dim
+                else:
+                    if count * _element_size(dtype) == end - begin:
+                        return begin, end, TensorLocation(path, base + begin, dtype, tuple(shape))
+    # otherwise each field in turn, so that the error names the one that is wrong
 
     def bad(field: str, expected: str, found: Any) -> CorruptCheckpointError:
         return CorruptCheckpointError(path, f"`{field}` of tensor {name!r} as {expected}", f"{found!r:.200}")
@@ -323,10 +349,27 @@ class FileMaps:
         else:  # unaligned: view the bytes, then copy into an aligned tensor
             raw = torch.frombuffer(mapped, dtype=torch.uint8, count=location.nbytes, offset=location.offset)
             flat = raw.clone().view(location.dtype)
-        return flat.view(location.shape)
+        if len(location.shape) == 1:
+            return flat  # already its shape
+        return flat.as_strided(location.shape, _contiguous_strides(location.shape))  # cheaper than view()
 
     def close(self) -> None:
         self._maps.clear()  # maps stay open while tensors use them; they close when the last one goes
+
+
+_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of ``shape`` (kept per shape: a model repeats a few shapes)."""
+    strides = _STRIDES.get(shape)
+    if strides is None:
+        step, out = 1, []
+        for dim in reversed(shape):
+            out.append(step)
+            step *= dim
+        strides = _STRIDES[shape] = tuple(reversed(out))
+    return strides
 
 
 MAP_THRESHOLD = 1 << 20  # tensors at least this big are mapped (zero copy) rather than read
