@@ -182,34 +182,6 @@ def dispatch_model(
         force_hooks: Add the device-alignment hooks even when the whole model is on one device.
     """
     check_device_map(model, device_map)
-    return _dispatch_checked(
-        model,
-        device_map,
-        main_device=main_device,
-        state_dict=state_dict,
-        offload_dir=offload_dir,
-        offload_index=offload_index,
-        offload_buffers=offload_buffers,
-        skip_keys=skip_keys,
-        preload_module_classes=preload_module_classes,
-        force_hooks=force_hooks,
-    )
-
-
-def _dispatch_checked(
-    model: nn.Module,
-    device_map: dict[str, str | int | torch.device],
-    main_device: torch.device | str | int | None = None,
-    state_dict: dict[str, torch.Tensor] | None = None,
-    offload_dir: str | os.PathLike[str] | None = None,
-    offload_index: dict[str, Any] | None = None,
-    offload_buffers: bool = False,
-    skip_keys: str | list[str] | None = None,
-    preload_module_classes: list[str] | None = None,
-    force_hooks: bool = False,
-) -> nn.Module:
-    """`dispatch_model()` for a ``device_map`` already checked against the model (`check_device_map()`):
-    `load_checkpoint_and_dispatch()` checks it once, in `load_checkpoint_in_model()`, not twice."""
     device_map = {k: _normalize_device(v) for k, v in device_map.items()}
     values = set(device_map.values())
     if len(values) > 1 or force_hooks:
@@ -388,7 +360,7 @@ def load_checkpoint_and_dispatch(
     )
     if device_map is None:
         return model
-    return _dispatch_checked(  # load_checkpoint_in_model checked the map
+    return dispatch_model(
         model,
         device_map=device_map,
         offload_dir=offload_folder,
