@@ -160,13 +160,10 @@ def _text(value: Any) -> str | None:
 
 def _entry(path: str, name: str, info: Any, base: int) -> tuple[int, int, TensorLocation]:
     """``(begin, end, location)`` of header entry ``name``, each field checked."""
-
     if type(info) is dict:  # a well-formed entry passes every check below in a few operations
-        dtype, shape, offsets = (
-            SAFETENSORS_DTYPES.get(_text(info.get("dtype"))),
-            info.get("shape"),
-            info.get("data_offsets"),
-        )
+        dtype_name = _text(info.get("dtype"))
+        dtype = SAFETENSORS_DTYPES.get(dtype_name) if dtype_name is not None else None
+        shape, offsets = info.get("shape"), info.get("data_offsets")
         if dtype is not None and type(shape) is list and type(offsets) is list and len(offsets) == 2:
             begin, end = offsets
             if type(begin) is int and type(end) is int and 0 <= begin <= end:
