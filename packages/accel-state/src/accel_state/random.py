@@ -41,6 +41,10 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         module = getattr(torch, name, None)
         if module is not None and hasattr(module, "manual_seed_all") and available():
             module.manual_seed_all(seed)
+    if imports.is_torch_xla_available():
+        import torch_xla.core.xla_model as xm  # type: ignore[import-not-found]
+
+        xm.set_rng_state(seed)  # torch_xla's own generator, as documented for set_seed
     if deterministic:
         torch.use_deterministic_algorithms(True)
 
