@@ -1,14 +1,13 @@
-"""XLA / TPU: torch_xla cannot be installed here, so these tests stop at its boundary: the named error
-without it, and what the strategy asks of the device layer (gradient reduction once per optimizer
-step, the device loader, a graph cut before a checkpoint is read), checked against a small fake of
-``torch_xla.core.xla_model`` and ``torch_xla.distributed.parallel_loader`` (nothing real can run)."""
+"""XLA / TPU without torch_xla (the normal test run; the real runs are in ``test_xla_device.py``, under
+``nox -s xla``): the named error without it, and what the strategy asks of the device layer (gradient
+reduction once per optimizer step, a graph cut after each step, the device loader, a graph cut before a
+checkpoint is read), checked against a small fake of ``torch_xla.core.xla_model``."""
 
 from __future__ import annotations
 
 import importlib.machinery
 import sys
 import types
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ import torch
 from accel_train import Accelerator
 from accel_train.parallel_plugins import BackendNotAvailableError
 from accel_train.strategies import strategy_class
-from accel_train.strategies.xla.strategy import XLAOptimizer, XLAStrategy, torch_xla_available
+from accel_train.strategies.xla.strategy import XLADeviceLoader, XLAOptimizer, XLAStrategy, torch_xla_available
 
 
 def _strategy(accelerator: Accelerator) -> XLAStrategy:
@@ -46,14 +45,6 @@ class _FakeXLA:
         self.calls.append("mark_step")
 
 
-class _FakeDeviceLoader:
-    def __init__(self, loader, device) -> None:
-        self.loader, self.device = loader, device
-
-    def __iter__(self) -> Iterator:
-        return iter(self.loader)
-
-
 @pytest.fixture
 def fake_xla(monkeypatch: pytest.MonkeyPatch) -> _FakeXLA:
     fake = _FakeXLA()
@@ -61,15 +52,12 @@ def fake_xla(monkeypatch: pytest.MonkeyPatch) -> _FakeXLA:
         "torch_xla": types.ModuleType("torch_xla"),
         "torch_xla.core": types.ModuleType("torch_xla.core"),
         "torch_xla.core.xla_model": types.ModuleType("torch_xla.core.xla_model"),
-        "torch_xla.distributed": types.ModuleType("torch_xla.distributed"),
-        "torch_xla.distributed.parallel_loader": types.ModuleType("torch_xla.distributed.parallel_loader"),
     }
     for name, module in modules.items():
         module.__spec__ = importlib.machinery.ModuleSpec(name, None)
         monkeypatch.setitem(sys.modules, name, module)
     modules["torch_xla.core.xla_model"].reduce_gradients = fake.reduce_gradients  # type: ignore[attr-defined]
     modules["torch_xla.core.xla_model"].mark_step = fake.mark_step  # type: ignore[attr-defined]
-    modules["torch_xla.distributed.parallel_loader"].MpDeviceLoader = _FakeDeviceLoader  # type: ignore[attr-defined]
     return fake
 
 
@@ -86,7 +74,7 @@ def test_gradients_are_reduced_once_per_optimizer_step(fake_xla: _FakeXLA) -> No
             strategy.backward(prepared.models[0](x).sum(), 2)
             optimizer.step()
             optimizer.zero_grad()
-    assert fake_xla.calls == ["reduce_gradients"]
+    assert fake_xla.calls == ["reduce_gradients", "mark_step"]  # the step's graph runs right after it
     with accelerator.accumulate(prepared.models[0]):
         pass
     fake_xla.calls.clear()
@@ -94,7 +82,7 @@ def test_gradients_are_reduced_once_per_optimizer_step(fake_xla: _FakeXLA) -> No
     accelerator.gradient_state._set_sync_gradients(True)
     strategy.clip_grad_norm_(model.parameters(), 1.0, 2.0, [optimizer])
     optimizer.step()  # clipping reduced the gradients already
-    assert fake_xla.calls == ["reduce_gradients"]
+    assert fake_xla.calls == ["reduce_gradients", "mark_step"]
     assert not accelerator.gradient_state.is_xla_gradients_synced
 
 
@@ -103,8 +91,11 @@ def test_loaders_go_through_the_device_loader_and_checkpoints_cut_the_graph(fake
     strategy = _strategy(accelerator)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(4.0)), batch_size=2)
     wrapped = strategy.setup_data_loader(loader, put_on_device=False)
-    assert isinstance(wrapped, _FakeDeviceLoader) and wrapped.device == strategy.device
+    assert isinstance(wrapped, XLADeviceLoader) and wrapped.device == strategy.device
+    assert wrapped.dataset is loader.dataset and len(wrapped) == 2  # the sharded loader's own attributes
     assert [batch[0].tolist() for batch in wrapped] == [[0.0, 1.0], [2.0, 3.0]]
+    assert fake_xla.calls == ["mark_step", "mark_step"]  # one graph cut before each batch
+    fake_xla.calls.clear()
     model = torch.nn.Linear(2, 1)
     weights = strategy.checkpoint_weights(model)
     assert fake_xla.calls == ["mark_step"]

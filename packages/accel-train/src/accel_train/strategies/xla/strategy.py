@@ -1,17 +1,21 @@
-"""The XLA strategy: one process per TPU core (spawned by ``accel launch --tpu``), torch_xla's device.
+"""The XLA strategy: torch_xla's device, one process per replica (TPU core, or the CPU under ``PJRT_DEVICE=CPU``).
 
-What it asks of torch_xla (``torch_xla.core.xla_model`` as ``xm``, ``torch_xla.distributed.parallel_loader``):
+What it asks of torch_xla (``torch_xla.core.xla_model`` as ``xm``):
 
-- the device: the state's device (``xm.xla_device()``), where models are placed;
-- gradients: averaged over the cores with ``xm.reduce_gradients`` once per optimizer step, or earlier
+- the device: the state's device (``torch_xla.device()``), where models are placed. Moving a module to
+  an XLA device gives it new parameter objects, so the optimizers of the same ``prepare`` call are
+  pointed at them (`setup()`);
+- gradients: averaged over the replicas with ``xm.reduce_gradients`` once per optimizer step, or earlier
   by `clip_grad_norm_()` (then the step does not reduce them again:
   ``GradientState.is_xla_gradients_synced``); with accumulation, gradients stay local until the sync step;
-- the step: ``optimizer.step()`` then nothing else: the graph is cut by ``MpDeviceLoader`` at each batch
-  (``xm.mark_step``), and by `mark_step()` before state is read for a checkpoint;
-- data: each prepared loader wrapped in ``MpDeviceLoader`` through the strategy's data-loader hook;
-- saving: weights moved to the CPU after ``xm.mark_step()`` and written by the main process.
+  with one replica the reduction changes nothing;
+- the graph cut (``torch_xla.sync``, formerly ``xm.mark_step``): after each optimizer step, before each
+  batch (`XLADeviceLoader`), and before any state is read for a checkpoint;
+- data: each prepared loader wrapped in `XLADeviceLoader` through the strategy's data-loader hook;
+- saving: weights and optimizer state moved to the CPU after the graph cut, written by the checkpoint
+  package like every other backend's.
 
-torch_xla does not install with this torch: without it ``prepare`` raises ``BackendNotAvailableError``.
+Without torch_xla, ``prepare`` raises ``BackendNotAvailableError``.
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ import torch
 from accel_state.install_hints import install_hint
 from accel_train.optimizer import AcceleratedOptimizer
 from accel_train.parallel_plugins import BackendNotAvailableError
-from accel_train.strategies.base import Prepared, Strategy
+from accel_train.strategies.base import Prepared, Strategy, parameter_locations
+from accel_train.strategies.xla.device_loader import XLADeviceLoader
 
-__all__ = ["XLAOptimizer", "XLAStrategy", "torch_xla_available", "xla_model"]
+__all__ = ["XLADeviceLoader", "XLAOptimizer", "XLAStrategy", "sync", "torch_xla_available", "xla_model"]
 
 
 def torch_xla_available() -> bool:
@@ -51,6 +56,16 @@ def xla_model() -> Any:
     return importlib.import_module("torch_xla.core.xla_model")
 
 
+def sync() -> None:
+    """Cut and run the pending graph: ``torch_xla.sync()`` (``xm.mark_step()`` on releases without it)."""
+    xla_model()
+    torch_xla = importlib.import_module("torch_xla")
+    if hasattr(torch_xla, "sync"):
+        torch_xla.sync()
+    else:
+        xla_model().mark_step()
+
+
 def _inner(optimizer: Any) -> Any:
     return optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
 
@@ -69,9 +84,12 @@ class XLAOptimizer(AcceleratedOptimizer):
     """The prepared optimizer under XLA: gradients averaged over the cores before the update (sync steps)."""
 
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
-        if self.gradient_state.sync_gradients:
-            _reduce(self.optimizer)
-        return super().step(closure)
+        if not self.gradient_state.sync_gradients:
+            return super().step(closure)
+        _reduce(self.optimizer)
+        result = super().step(closure)
+        sync()  # the step's graph runs here: parameters are concrete before anything reads them
+        return result
 
 
 class XLAStrategy(Strategy):
@@ -90,30 +108,34 @@ class XLAStrategy(Strategy):
     ) -> Prepared:
         if models or optimizers:
             xla_model()  # the named error without torch_xla
-        return super().setup(models, optimizers, schedulers, device_placement, evaluation_mode, data_loaders)
+        locations = parameter_locations(models)
+        prepared = super().setup(models, optimizers, schedulers, device_placement, evaluation_mode, data_loaders)
+        new_params = [dict(self.unwrap_model(m, keep_torch_compile=False).named_parameters()) for m in prepared.models]
+        for optimizer in prepared.optimizers:
+            _follow_moved_parameters(_inner(optimizer), locations, new_params)
+        return prepared
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool) -> Any:
         return XLAOptimizer(optimizer, device_placement=device_placement, precision=self.precision)
 
     def setup_data_loader(self, data_loader: Any, **options: Any) -> Any:
-        """The sharded loader wrapped in ``MpDeviceLoader``: batches sent to the core ahead, a graph cut
-        per batch.
+        """The sharded loader wrapped in `XLADeviceLoader`: each batch sent to the device, a graph cut
+        before each.
 
         Args:
             data_loader: the user's ``torch.utils.data.DataLoader``.
             **options: the Accelerator's data-loader settings (see `Strategy.setup_data_loader()`).
 
         Returns:
-            The device loader over the sharded loader.
+            The device loader over the sharded loader (its ``base_dataloader``).
         """
-        sharded = super().setup_data_loader(data_loader, **options)
         xla_model()
-        loader_module = importlib.import_module("torch_xla.distributed.parallel_loader")
-        return loader_module.MpDeviceLoader(sharded, self.device)
+        sharded = super().setup_data_loader(data_loader, **options)
+        return XLADeviceLoader(sharded, self.device, sync, put_on_device=bool(options.get("put_on_device", True)))
 
     def mark_step(self) -> None:
-        """Cut and run the pending graph (``xm.mark_step``)."""
-        xla_model().mark_step()
+        """Cut and run the pending graph (`sync()`)."""
+        sync()
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
         """Gradients are reduced at the optimizer step only: nothing to switch off while accumulating."""
@@ -139,6 +161,29 @@ class XLAStrategy(Strategy):
     def optimizer_state_dict(self, optimizer: Any) -> dict[str, Any]:
         self.mark_step()
         return _to_cpu(optimizer.state_dict())
+
+
+def _follow_moved_parameters(
+    optimizer: torch.optim.Optimizer, locations: dict[int, tuple[int, str]], new_params: Sequence[dict[str, Any]]
+) -> None:
+    """Point ``optimizer`` at the parameters its models have on the XLA device, in place.
+
+    ``module.to(xla)`` replaces each parameter by a new object; an optimizer built before ``prepare``
+    would otherwise update the CPU tensors the model no longer uses. Parameters of models not in this
+    ``prepare`` call are left as they are; state loaded before ``prepare`` follows its parameter.
+    """
+    for group in optimizer.param_groups:
+        rebound = []
+        for param in group["params"]:
+            where = locations.get(id(param))
+            new = new_params[where[0]].get(where[1]) if where is not None else None
+            if new is None or new is param:
+                rebound.append(param)
+                continue
+            if param in optimizer.state:
+                optimizer.state[new] = optimizer.state.pop(param)
+            rebound.append(new)
+        group["params"] = rebound
 
 
 def _to_cpu(value: Any) -> Any:
