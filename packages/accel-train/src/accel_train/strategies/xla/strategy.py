@@ -153,14 +153,30 @@ class XLAStrategy(Strategy):
         GradientState().is_xla_gradients_synced = bool(optimizers)
         return super().clip_grad_norm_(parameters, max_norm, norm_type, optimizers)
 
-    def checkpoint_weights(self, model: torch.nn.Module) -> dict[str, Any] | None:
-        """The weights on the CPU, after running the pending graph."""
+    def model_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """The weights on the CPU, after running the pending graph: what ``get_state_dict``, ``save_model``
+        and ``save_state`` hand on (the writers and the tied-weight checks need tensors with storage)."""
         self.mark_step()
-        return {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in self.model_state_dict(model).items()}
+        return _to_cpu(super().model_state_dict(model, unwrap))
+
+    def checkpoint_weights(self, model: torch.nn.Module) -> dict[str, Any] | None:
+        """The weights on the CPU, after running the pending graph (`model_state_dict()`)."""
+        return self.model_state_dict(model)
 
     def optimizer_state_dict(self, optimizer: Any) -> dict[str, Any]:
         self.mark_step()
         return _to_cpu(optimizer.state_dict())
+
+    def load_model_checkpoint(
+        self, model: torch.nn.Module, folder: str, entry: str, device: Any, strict: bool = True
+    ) -> None:
+        """Read the weights on the CPU (torch's readers cannot place tensors on an XLA device) and copy
+        them into the model on its device."""
+        super().load_model_checkpoint(model, folder, entry, "cpu", strict)
+
+    def load_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, map_location: Any) -> None:
+        """Read the optimizer state on the CPU; ``load_state_dict`` moves it to its parameters' device."""
+        super().load_optimizer_checkpoint(optimizer, folder, index, "cpu")
 
 
 def _follow_moved_parameters(
