@@ -6,6 +6,7 @@ checkpoint is read), checked against a small fake of ``torch_xla.core.xla_model`
 from __future__ import annotations
 
 import importlib.machinery
+import os
 import sys
 import types
 
@@ -100,3 +101,48 @@ def test_loaders_go_through_the_device_loader_and_checkpoints_cut_the_graph(fake
     weights = strategy.checkpoint_weights(model)
     assert fake_xla.calls == ["mark_step"]
     assert set(weights) == {"weight", "bias"} and all(v.device.type == "cpu" for v in weights.values())
+
+
+def test_bf16_on_a_tpu_sets_torch_xla_variables_as_documented(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accel_state import imports
+
+    for name in ("XLA_USE_BF16", "XLA_DOWNCAST_BF16", "ACCELERATE_DOWNCAST_BF16"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(imports, "is_torch_xla_available", lambda check_is_tpu=False, check_is_gpu=False: False)
+    XLAStrategy.apply_settings(None, "bf16", None)  # torch_xla's CPU device: autocast only
+    assert "XLA_USE_BF16" not in os.environ
+    monkeypatch.setattr(imports, "is_torch_xla_available", lambda check_is_tpu=False, check_is_gpu=False: True)
+    XLAStrategy.apply_settings(None, "no", None)
+    assert "XLA_USE_BF16" not in os.environ
+    XLAStrategy.apply_settings(None, "bf16", None)
+    assert (os.environ["XLA_USE_BF16"], os.environ["XLA_DOWNCAST_BF16"]) == ("1", "0")
+    monkeypatch.setenv("ACCELERATE_DOWNCAST_BF16", "true")
+    XLAStrategy.apply_settings(None, "bf16", None)
+    assert (os.environ["XLA_USE_BF16"], os.environ["XLA_DOWNCAST_BF16"]) == ("0", "1")
+
+
+@pytest.mark.parametrize("seed", ["-1", "abc", str(2**64), "1e3"])
+def test_a_damaged_torch_xla_seed_is_refused_before_anything_loads(tmp_path, seed: str) -> None:
+    from accel_state.errors import CorruptCheckpointError
+    from accel_train.checkpoint.file_io import XLA_RNG_KEY, load_rng, rng_states, save_rng
+
+    tensors, metadata = rng_states()
+    path = str(tmp_path / "random_states_0.safetensors")
+    save_rng(path, states=(tensors, {**metadata, XLA_RNG_KEY: seed}))
+    before = torch.get_rng_state()
+    torch.rand(3)
+    changed = torch.get_rng_state()
+    with pytest.raises(CorruptCheckpointError, match="xla_manual_seed"):
+        load_rng(path)
+    assert torch.equal(torch.get_rng_state(), changed) and not torch.equal(before, changed)
+
+
+def test_a_torch_xla_seed_is_skipped_by_a_run_not_on_xla(tmp_path) -> None:
+    from accel_train.checkpoint.file_io import XLA_RNG_KEY, load_rng, rng_states, save_rng
+
+    tensors, metadata = rng_states()
+    assert XLA_RNG_KEY not in metadata  # not on XLA: nothing of torch_xla saved
+    path = str(tmp_path / "random_states_0.safetensors")
+    save_rng(path, states=(tensors, {**metadata, XLA_RNG_KEY: str(2**64 - 1)}))
+    load_rng(path)  # the CPU generators come back; torch_xla's seed has no generator here
+    assert torch.equal(torch.get_rng_state(), tensors["torch_manual_seed"])

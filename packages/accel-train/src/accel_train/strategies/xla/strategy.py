@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -34,7 +35,15 @@ from accel_train.parallel_plugins import BackendNotAvailableError
 from accel_train.strategies.base import Prepared, Strategy, parameter_locations
 from accel_train.strategies.xla.device_loader import XLADeviceLoader
 
-__all__ = ["XLADeviceLoader", "XLAOptimizer", "XLAStrategy", "sync", "torch_xla_available", "xla_model"]
+__all__ = [
+    "bf16_environment",
+    "XLADeviceLoader",
+    "XLAOptimizer",
+    "XLAStrategy",
+    "sync",
+    "torch_xla_available",
+    "xla_model",
+]
 
 
 def torch_xla_available() -> bool:
@@ -64,6 +73,14 @@ def sync() -> None:
         torch_xla.sync()
     else:
         xla_model().mark_step()
+
+
+def bf16_environment(downcast: bool) -> dict[str, str]:
+    """torch_xla's variables for bf16 on a TPU: all floats in bfloat16, or (``downcast``) float in bfloat16
+    and double in float32."""
+    if downcast:
+        return {"XLA_USE_BF16": "0", "XLA_DOWNCAST_BF16": "1"}
+    return {"XLA_USE_BF16": "1", "XLA_DOWNCAST_BF16": "0"}
 
 
 def _inner(optimizer: Any) -> Any:
@@ -96,6 +113,18 @@ class XLAStrategy(Strategy):
     """Data parallelism over TPU cores with torch_xla."""
 
     name = "xla"
+
+    @classmethod
+    def apply_settings(cls, state: Any, requested_mode: str, precision: Any) -> None:
+        """On a TPU, ``mixed_precision="bf16"`` also sets torch_xla's bf16 variables, as documented:
+        ``XLA_USE_BF16=1`` (float and double tensors in bfloat16), or with ``ACCELERATE_DOWNCAST_BF16``
+        (``accel launch --downcast_bf16``) ``XLA_DOWNCAST_BF16=1`` (float in bfloat16, double in float32).
+        Elsewhere (torch_xla's CPU or GPU device) bf16 is autocast only and nothing is set."""
+        from accel_state import env_vars, imports
+
+        if requested_mode != "bf16" or not imports.is_torch_xla_available(check_is_tpu=True):
+            return
+        os.environ.update(bf16_environment(bool(env_vars.read("ACCELERATE_DOWNCAST_BF16"))))
 
     def setup(
         self,
