@@ -106,14 +106,17 @@ def test_loaders_go_through_the_device_loader_and_checkpoints_cut_the_graph(fake
 def test_bf16_on_a_tpu_sets_torch_xla_variables_as_documented(monkeypatch: pytest.MonkeyPatch) -> None:
     from accel_state import imports
 
-    for name in ("XLA_USE_BF16", "XLA_DOWNCAST_BF16", "ACCELERATE_DOWNCAST_BF16"):
-        monkeypatch.delenv(name, raising=False)
+    # set through monkeypatch, so that what apply_settings writes is undone after the test (a leaked
+    # XLA_USE_BF16=1 would make every later torch_xla process of the session compute in bf16)
+    for name in ("XLA_USE_BF16", "XLA_DOWNCAST_BF16"):
+        monkeypatch.setenv(name, "unset")
+    monkeypatch.delenv("ACCELERATE_DOWNCAST_BF16", raising=False)
     monkeypatch.setattr(imports, "is_torch_xla_available", lambda check_is_tpu=False, check_is_gpu=False: False)
     XLAStrategy.apply_settings(None, "bf16", None)  # torch_xla's CPU device: autocast only
-    assert "XLA_USE_BF16" not in os.environ
+    assert os.environ["XLA_USE_BF16"] == "unset"
     monkeypatch.setattr(imports, "is_torch_xla_available", lambda check_is_tpu=False, check_is_gpu=False: True)
     XLAStrategy.apply_settings(None, "no", None)
-    assert "XLA_USE_BF16" not in os.environ
+    assert os.environ["XLA_USE_BF16"] == "unset"
     XLAStrategy.apply_settings(None, "bf16", None)
     assert (os.environ["XLA_USE_BF16"], os.environ["XLA_DOWNCAST_BF16"]) == ("1", "0")
     monkeypatch.setenv("ACCELERATE_DOWNCAST_BF16", "true")

@@ -25,13 +25,18 @@ if importlib.util.find_spec("torch_xla") is None:
         allow_module_level=True,
     )
 os.environ.setdefault("PJRT_DEVICE", "CPU")  # before torch_xla's runtime starts: its CPU device
-
+import torch_xla
 from xla_train_script import run
 
 from accel_state.enums import DistributedType
 from accel_state.errors import UnsafeCheckpointError
 from accel_state.state import PartialState
 from accel_state.testing import reset_shared_state
+
+# autograd sizes its per-device queues at the first backward of a process, from the devices known then:
+# torch_xla's device counts only once its runtime started. Start it while collecting, before any test (of
+# another module too) runs a backward on the CPU.
+torch_xla.device()
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "xla_train_script.py")
 
