@@ -97,6 +97,10 @@ def test_loaders_go_through_the_device_loader_and_checkpoints_cut_the_graph(fake
     assert [batch[0].tolist() for batch in wrapped] == [[0.0, 1.0], [2.0, 3.0]]
     assert fake_xla.calls == ["mark_step", "mark_step"]  # one graph cut before each batch
     fake_xla.calls.clear()
+    assert not isinstance(strategy.skip_first_batches(loader, 1), XLADeviceLoader)  # a plain loader stays plain
+    skipped = strategy.skip_first_batches(wrapped, 1)
+    assert isinstance(skipped, XLADeviceLoader) and [batch[0].tolist() for batch in skipped] == [[2.0, 3.0]]
+    fake_xla.calls.clear()
     model = torch.nn.Linear(2, 1)
     weights = strategy.checkpoint_weights(model)
     assert fake_xla.calls == ["mark_step"]

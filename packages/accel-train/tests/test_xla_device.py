@@ -189,6 +189,17 @@ def test_loader_position_resumes_at_the_next_batch(tmp_path) -> None:
     assert torch.equal(first.cpu(), data[6:8])
 
 
+def test_skip_first_batches_keeps_the_device_loader() -> None:
+    from accel_train import Accelerator
+
+    accelerator = Accelerator()
+    data = torch.arange(8.0).reshape(4, 2)
+    loader = accelerator.prepare(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data), batch_size=1))
+    batches = [batch for (batch,) in accelerator.skip_first_batches(loader, 2)]
+    assert [b.device.type for b in batches] == ["xla", "xla"]
+    assert torch.equal(torch.cat([b.cpu() for b in batches]), data[2:])
+
+
 def test_save_model_writes_cpu_safetensors(tmp_path) -> None:
     from safetensors.torch import load_file
 

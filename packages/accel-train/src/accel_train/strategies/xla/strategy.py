@@ -162,6 +162,13 @@ class XLAStrategy(Strategy):
         sharded = super().setup_data_loader(data_loader, **options)
         return XLADeviceLoader(sharded, self.device, sync, put_on_device=bool(options.get("put_on_device", True)))
 
+    def skip_first_batches(self, dataloader: Any, num_batches: int) -> Any:
+        """Skip in the sharded loader, then wrap the result for the device like the loader it came from."""
+        if not isinstance(dataloader, XLADeviceLoader):
+            return super().skip_first_batches(dataloader, num_batches)
+        skipped = super().skip_first_batches(dataloader.base_dataloader, num_batches)
+        return XLADeviceLoader(skipped, dataloader.device, sync, put_on_device=dataloader._put_on_device)
+
     def mark_step(self) -> None:
         """Cut and run the pending graph (`sync()`)."""
         sync()
