@@ -225,3 +225,29 @@ def test_collectives_go_through_torch_xla_on_one_replica() -> None:
     assert reduce(tensor, "sum").cpu().tolist() == [1.0, 2.0]
     assert reduce(tensor, "mean", scale=2.0).cpu().tolist() == [2.0, 4.0]
     assert broadcast({"t": tensor})["t"].cpu().tolist() == [1.0, 2.0]
+
+
+def test_accel_launch_tpu_runs_the_main_function_on_xla(tmp_path) -> None:
+    """``accel launch --tpu`` on one host: torch_xla spawns the script's ``main`` (pickled by reference, so the
+    script is registered as a module), which runs on XLA."""
+    script = tmp_path / "tpu_main.py"
+    script.write_text(
+        "import json\n"
+        "def main():\n"
+        "    from accel import Accelerator\n"
+        "    accelerator = Accelerator()\n"
+        "    print('RESULT', json.dumps([accelerator.distributed_type.value, str(accelerator.device),"
+        " accelerator.num_processes]), flush=True)\n"
+    )
+    env = {**os.environ, "PJRT_DEVICE": "CPU"}
+    done = subprocess.run(
+        [sys.executable, "-m", "accel.commands.launch", "--tpu", "--num_processes", "1", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
+    assert json.loads(line.split(" ", 1)[1]) == ["XLA", "xla:0", 1]
