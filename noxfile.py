@@ -352,7 +352,8 @@ def xla(session: nox.Session) -> None:
     """Before a release: XLA for real, on torch_xla's CPU device (``PJRT_DEVICE=CPU``), with torch 2.9.0 +
     torch_xla 2.9.0 instead of the constraints' torch. The issue-39 script trains on ``xla:0`` with the
     losses of ``cpu=True``; save/load, a planted pickle, RNG, loader position, collectives, bf16; the
-    state's choice of XLA (``USE_TORCH_XLA=0``, ``cpu=True``). Not in ``-t ci``: the first install takes
+    state's choice of XLA (``USE_TORCH_XLA=0``, ``cpu=True``); ``accel launch --tpu`` (and a config with
+    ``distributed_type: XLA``) on one host, one replica. Not in ``-t ci``: the first install takes
     about 7 GB and minutes; its venv is kept between runs (then only checked). Tests that skip without
     torch_xla in CI run here for real."""
     session.install(*XLA_PINS)

@@ -227,9 +227,10 @@ def test_collectives_go_through_torch_xla_on_one_replica() -> None:
     assert broadcast({"t": tensor})["t"].cpu().tolist() == [1.0, 2.0]
 
 
-def test_accel_launch_tpu_runs_the_main_function_on_xla(tmp_path) -> None:
-    """``accel launch --tpu`` on one host: torch_xla spawns the script's ``main`` (pickled by reference, so the
-    script is registered as a module), which runs on XLA."""
+@pytest.mark.parametrize("how", ["flag", "config"])
+def test_accel_launch_tpu_runs_the_main_function_on_xla(tmp_path, how: str) -> None:
+    """``accel launch --tpu``, or a config file with ``distributed_type: XLA``, on one host: torch_xla spawns
+    the script's ``main`` (pickled by reference, so the script is registered as a module), which runs on XLA."""
     script = tmp_path / "tpu_main.py"
     script.write_text(
         "import json\n"
@@ -239,9 +240,17 @@ def test_accel_launch_tpu_runs_the_main_function_on_xla(tmp_path) -> None:
         "    print('RESULT', json.dumps([accelerator.distributed_type.value, str(accelerator.device),"
         " accelerator.num_processes]), flush=True)\n"
     )
+    launch_args = ["--tpu", "--num_processes", "1"]
+    if how == "config":
+        config = tmp_path / "config.yaml"
+        config.write_text(
+            "compute_environment: LOCAL_MACHINE\ndistributed_type: XLA\nnum_processes: 1\n"
+            "mixed_precision: 'no'\nmain_training_function: main\n"
+        )
+        launch_args = ["--config_file", str(config)]
     env = {**os.environ, "PJRT_DEVICE": "CPU"}
     done = subprocess.run(
-        [sys.executable, "-m", "accel.commands.launch", "--tpu", "--num_processes", "1", str(script)],
+        [sys.executable, "-m", "accel.commands.launch", *launch_args, str(script)],
         env=env,
         capture_output=True,
         text=True,
