@@ -64,3 +64,11 @@ def test_without_torch_xla_nothing_changes(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv("USE_TORCH_XLA", raising=False)
     assert not imports.is_torch_xla_available()
     assert devices.detect_device_type() != "xla"
+
+
+def test_set_seed_leaves_torch_xla_alone_once_the_run_is_on_the_cpu(torch_xla_installed) -> None:
+    from accel_state.random import set_seed
+
+    PartialState(cpu=True)
+    set_seed(3)  # the stand-in torch_xla raises if imported
+    assert "torch_xla" not in sys.modules
