@@ -342,6 +342,33 @@ def slow(session: nox.Session) -> None:
     _pytest(session, "slow-release", *release, env={"ACCEL_RELEASE_TESTS": "1"})
 
 
+#: torch_xla publishes builds for one torch release each; this pair installs from the package index (about
+#: 7 GB: that torch build brings CUDA libraries). Not in tools/constraints.txt, whose torch pin it replaces.
+XLA_PINS = ("torch==2.9.0", "torch_xla==2.9.0")
+
+
+@nox.session(reuse_venv=True)
+def xla(session: nox.Session) -> None:
+    """Before a release: XLA for real, on torch_xla's CPU device (``PJRT_DEVICE=CPU``), with torch 2.9.0 +
+    torch_xla 2.9.0 instead of the constraints' torch. The issue-39 script trains on ``xla:0`` with the
+    losses of ``cpu=True``; save/load, a planted pickle, RNG, loader position, collectives, bf16; the
+    state's choice of XLA (``USE_TORCH_XLA=0``, ``cpu=True``); ``accel launch --tpu`` (and a config with
+    ``distributed_type: XLA``) on one host, one replica. Not in ``-t ci``: the first install takes
+    about 7 GB and minutes; its venv is kept between runs (then only checked). Tests that skip without
+    torch_xla in CI run here for real."""
+    session.install(*XLA_PINS)
+    # accel's distributions without resolving their torch again (the pair above is the one to test)
+    session.install("--no-deps", *[str(DISTS[dist]["path"]) for dist in ORDER])
+    session.install(*XLA_PINS, "numpy", "safetensors", "pyyaml", "packaging", "psutil", "tqdm", "pytest")
+    env = {"PJRT_DEVICE": "CPU"}
+    state_tests, train_tests = DISTS["accel-state"]["path"] / "tests", DISTS["accel-train"]["path"] / "tests"
+    # one pytest per file: each tests folder has its own conftest.py, the selection tests need a process
+    # where torch_xla was never imported, and the device tests one where it was imported before any backward
+    _pytest(session, "xla-state", str(state_tests / "test_state_xla_selection.py"), env=env)
+    _pytest(session, "xla-fake", str(train_tests / "test_train_xla.py"), env=env)
+    _pytest(session, "xla", str(train_tests / "test_xla_device.py"), env=env)
+
+
 def _smoke(session: nox.Session, package: str) -> None:
     """The distribution's smoke script (tools/smoke), run from an empty folder."""
     script = ROOT / "tools" / "smoke" / f"smoke_{package.replace('-', '_')}.py"

@@ -153,5 +153,7 @@ BACKENDS_BY_NAME = {backend.name: backend for backend in CPU_BACKENDS}
 NOT_IN_THE_TABLE: dict[str, str] = {
     "single_device": "one process: the same cases run in-process (test_checkpoint_trust.py, test_checkpoint_kill.py, test_train_checkpoint.py)",
     "megatron_lm": "megatron-core's parallel layers need CUDA past set-up (test_checkpoint_megatron_io.py checks its files)",
-    "xla": "needs torch_xla's runtime, which is not installed beside this torch",
+    "xla": "one replica on torch_xla's CPU device, not a 2-process gloo pool: its contract cases (exact resume, "
+    "a planted pickle refused with nothing changed, RNG and loader position back) are test_xla_device.py, "
+    "run by `nox -s xla` (torch_xla has no build for this torch)",
 }

@@ -362,6 +362,8 @@ def run_tpu(plan: LaunchPlan) -> int:
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.path.insert(0, str(path.parent.resolve()))
     sys.argv = [str(path), *plan.training_script_args]
+    # registered under its name, so that torch_xla's spawn can pickle the main function by reference
+    sys.modules[spec.name] = module  # type: ignore[union-attr]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     name = plan.values["main_training_function"]
     function = getattr(module, name, None)

@@ -71,12 +71,15 @@ def pick_device_index(device_type: str, local_rank: int, count: int, forced_inde
 
 
 def detect_device_type(cpu: bool = False) -> str:
-    """The device type to run on: ``ACCELERATE_TORCH_DEVICE``, else the first accelerator found, else cpu."""
+    """The device type to run on: ``ACCELERATE_TORCH_DEVICE``, else ``xla`` when torch_xla is installed and
+    ``USE_TORCH_XLA`` is not false (found without importing it), else the first accelerator found, else cpu."""
     if cpu:
         return "cpu"
     forced = os.environ.get("ACCELERATE_TORCH_DEVICE")
     if forced:
         return parse_device(forced)[0]
+    if imports.is_torch_xla_available():
+        return "xla"
     if imports.is_cuda_available():
         return "cuda"
     if imports.is_mps_available():
@@ -97,8 +100,9 @@ def detect_device_type(cpu: bool = False) -> str:
 
 
 def device_count(device_type: str) -> int:
-    """Number of devices of ``device_type`` visible to this process (1 for cpu and mps)."""
-    if device_type in ("cpu", "mps"):
+    """Number of devices of ``device_type`` visible to this process (1 for cpu, mps and xla: torch_xla
+    gives each process one device)."""
+    if device_type in ("cpu", "mps", "xla"):
         return 1
     import torch
 

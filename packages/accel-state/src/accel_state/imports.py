@@ -246,14 +246,35 @@ def is_swanlab_available() -> bool:
     return _is_package_available("swanlab")
 
 
+def use_torch_xla() -> bool:
+    """``USE_TORCH_XLA`` read now (default true): false keeps an installed torch_xla out of the run.
+
+    Raises:
+        ValueError: the variable holds something that is not a yes or a no; the message names it.
+    """
+    from accel_state.environment import str_to_bool
+
+    raw = os.environ.get("USE_TORCH_XLA", "")
+    if raw.strip() == "":
+        return True
+    try:
+        return bool(str_to_bool(raw))
+    except ValueError:
+        raise ValueError(f"USE_TORCH_XLA={raw!r} is not a yes or a no: use 1/0, true/false, yes/no or on/off") from None
+
+
 def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:
-    """True when torch_xla is importable (and, if asked, runs on TPU or GPU).
+    """True when torch_xla is importable and not switched off by ``USE_TORCH_XLA`` (and, if asked, runs on
+    TPU or GPU).
+
+    Looks up the import spec only (torch_xla is not imported unless ``check_is_tpu``/``check_is_gpu``
+    asks for the device kind), so the answer is cheap and needs no torch_xla where it is absent.
 
     Args:
         check_is_tpu: Only true when XLA runs on a TPU.
         check_is_gpu: Only true when XLA runs on a GPU.
     """
-    if importlib.util.find_spec("torch_xla") is None:
+    if not use_torch_xla() or importlib.util.find_spec("torch_xla") is None:
         return False
     if not (check_is_tpu or check_is_gpu):
         return True

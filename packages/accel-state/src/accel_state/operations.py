@@ -43,6 +43,7 @@ from accel_state.nested import (  # noqa: F401  (re-exported: the documented hom
     send_to_device,
     slice_tensors,
 )
+from accel_state.xla_ops import on_xla, xla_broadcast, xla_gather, xla_reduce
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -165,6 +166,8 @@ def gather(tensor: Any) -> Any:
     Args:
         tensor: A tensor, or a nested structure of tensors, with the same shapes on every process.
     """
+    if on_xla():
+        return recursively_apply(xla_gather, tensor, error_on_other_type=True)
     if world_size("gather") == 1:
         return tensor
     return recursively_apply(_gather_one, tensor, error_on_other_type=True)
@@ -202,6 +205,8 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
             process.
         from_process: Index of the process whose value is sent to the others.
     """
+    if on_xla():
+        return recursively_apply(xla_broadcast, tensor, error_on_other_type=True, from_process=from_process)
     if world_size("broadcast") == 1:
         return tensor
     return recursively_apply(_broadcast_one, tensor, error_on_other_type=True, src=from_process)
@@ -238,6 +243,13 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     """
     if reduction not in (*_REDUCE_OPS, "none"):
         raise ValueError(f"reduction must be 'sum', 'mean', 'max', 'min' or 'none', got {reduction!r}")
+    if on_xla():
+        from accel_state.state import PartialState
+
+        replicas = PartialState().num_processes
+        return recursively_apply(
+            xla_reduce, tensor, error_on_other_type=True, reduction=reduction, scale=scale, world_size=replicas
+        )
     size = world_size("reduce")
 
     def _reduce_one(t: torch.Tensor) -> torch.Tensor:

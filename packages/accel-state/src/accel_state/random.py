@@ -41,8 +41,22 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         module = getattr(torch, name, None)
         if module is not None and hasattr(module, "manual_seed_all") and available():
             module.manual_seed_all(seed)
+    if imports.is_torch_xla_available() and _may_run_on_xla():
+        import torch_xla.core.xla_model as xm  # type: ignore[import-not-found]
+
+        xm.set_rng_state(seed)  # torch_xla's own generator, as documented for set_seed
     if deterministic:
         torch.use_deterministic_algorithms(True)
+
+
+def _may_run_on_xla() -> bool:
+    """False once this process's state runs elsewhere (``cpu=True``): then seeding torch_xla would only start
+    its runtime (and take a TPU host's chips) for nothing. Before any state exists the run may still be XLA."""
+    from accel_state.enums import DistributedType
+    from accel_state.state import PartialState
+
+    shared = PartialState._shared_state
+    return not shared.get("_initialized") or shared.get("distributed_type") == DistributedType.XLA
 
 
 def _get_state(rng_type: RNGType, generator: torch.Generator | None) -> torch.Tensor:

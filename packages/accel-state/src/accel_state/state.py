@@ -89,6 +89,9 @@ class PartialState:
         proc = cluster.detect(os.environ)
         self._owns_process_group = False
 
+        if device_type == "xla":
+            self._setup_xla(timeout)
+            return
         if dist.is_available() and dist.is_initialized():
             # The user (or another library) already started the group: adopt it.
             self.num_processes = dist.get_world_size()
@@ -138,6 +141,37 @@ class PartialState:
         self._initialized = True
         if self._owns_process_group:
             atexit.register(_destroy_at_exit)
+
+    def _setup_xla(self, timeout: timedelta | None) -> None:
+        """Run on torch_xla's device, with the replica count and ordinals of its runtime.
+
+        The distributed type is ``XLA`` whatever the number of replicas (one replica included), as
+        documented. With several replicas, ``torch.distributed`` is started on torch_xla's ``xla``
+        backend (unless someone already started it) so that collectives and barriers reach every replica.
+        """
+        import torch.distributed as dist
+
+        from accel_state.xla_runtime import read_xla_process
+
+        xla = read_xla_process()
+        self.device = xla.device
+        self.num_processes = xla.world_size
+        self.process_index = xla.process_index
+        self.local_process_index = xla.local_process_index
+        self.local_num_processes = xla.local_world_size
+        self.backend = "xla" if xla.world_size > 1 else None
+        if xla.world_size > 1 and dist.is_available() and not dist.is_initialized():
+            import torch_xla.distributed.xla_backend  # type: ignore[import-not-found]  # noqa: F401  (registers "xla")
+
+            init_kwargs: dict[str, Any] = {"backend": "xla", "init_method": "xla://"}
+            if timeout is not None:
+                init_kwargs["timeout"] = timeout
+            dist.init_process_group(**init_kwargs)
+            self._owns_process_group = True
+            _STARTED["default_group"] = True
+            atexit.register(_destroy_at_exit)
+        self.distributed_type = DistributedType.XLA
+        self._initialized = True
 
     def _pick_device(self, device_type: str, forced_index: int | None = None) -> Any:
         count = devices.device_count(device_type)
@@ -193,8 +227,14 @@ class PartialState:
     # -- process control --------------------------------------------------------------------------
 
     def wait_for_everyone(self) -> None:
-        """Block until every process reaches this point (no-op in a single process)."""
+        """Block until every process reaches this point (no-op in a single process; torch_xla's
+        rendezvous on XLA)."""
         if self.num_processes > 1:
+            if self.distributed_type == DistributedType.XLA:
+                from accel_state.xla_runtime import xla_rendezvous
+
+                xla_rendezvous("accel.wait_for_everyone")
+                return
             _barrier()
 
     @contextlib.contextmanager
@@ -298,7 +338,7 @@ class PartialState:
 
     def set_device(self) -> None:
         """Make this process's device the current one of its type."""
-        if self.device.type not in ("cpu", "mps") and self.device.index is not None:
+        if self.device.type not in ("cpu", "mps", "xla") and self.device.index is not None:
             getattr(_torch(), self.device.type).set_device(self.device)
 
     @staticmethod

@@ -491,9 +491,7 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         Returns:
             A data loader that yields the remaining batches.
         """
-        from accel_data import skip_first_batches
-
-        return skip_first_batches(dataloader, num_batches=num_batches)
+        return self._strategy.skip_first_batches(dataloader, num_batches)
 
     # -- backward, accumulation, synchronisation --------------------------------------------------
 

@@ -47,6 +47,8 @@ logger = logging.getLogger(__name__)
 MANIFEST_NAME = "accel_checkpoint.json"
 FORMAT_VERSION = 1
 RNG_FORMAT = "accel-rng-1"
+#: The header entry of an RNG file holding torch_xla's generator seed (decimal text), on XLA runs.
+XLA_RNG_KEY = "xla_manual_seed"
 
 
 # -- tensors and plain state dicts ------------------------------------------------------------------
@@ -76,10 +78,15 @@ def load_torch(path: str, map_location: Any = "cpu") -> Any:
         raise failure from None
 
 
+#: Device types whose tensors have no storage to compare (their state dicts are written from CPU copies,
+#: which hold every name, tied or not).
+_NO_STORAGE_DEVICES = ("meta", "xla")
+
+
 def _shared_groups(state_dict: Mapping[str, torch.Tensor]) -> list[list[str]]:
     by_storage: dict[tuple[Any, int, int], list[str]] = {}
     for name, tensor in state_dict.items():
-        if not isinstance(tensor, torch.Tensor) or tensor.device.type == "meta":
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type in _NO_STORAGE_DEVICES:
             continue
         key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
         by_storage.setdefault(key, []).append(name)
@@ -307,6 +314,9 @@ def rng_states(
         tensors[f"generator.{name}"] = generator.get_state()
     version, internal, gauss = random.getstate()
     metadata = {"format": RNG_FORMAT, "random_state": json.dumps([version, list(internal), gauss])}
+    xla_seed = _xla_rng_state()
+    if xla_seed is not None:
+        metadata[XLA_RNG_KEY] = str(xla_seed)  # a 64-bit unsigned seed: text, no tensor dtype holds it
     if imports.is_numpy_available():
         import numpy as np
 
@@ -315,6 +325,28 @@ def rng_states(
             [name, np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached)]
         )
     return tensors, metadata
+
+
+def _xla_rng_state() -> int | None:
+    """torch_xla's generator seed on this process's device, when the run is on XLA (else ``None``)."""
+    from accel_state.xla_ops import on_xla
+
+    if not on_xla():
+        return None
+    import torch_xla.core.xla_model as xm  # type: ignore[import-not-found]
+
+    return int(xm.get_rng_state())
+
+
+def _set_xla_rng_state(seed: int) -> None:
+    """Give torch_xla's generator back its saved seed (a run not on XLA has no such generator: skipped)."""
+    from accel_state.xla_ops import on_xla
+
+    if not on_xla():
+        return
+    import torch_xla.core.xla_model as xm  # type: ignore[import-not-found]
+
+    xm.set_rng_state(seed)
 
 
 def save_rng(
@@ -356,6 +388,8 @@ def load_rng(path: str, extra_generators: Mapping[str, torch.Generator] | None =
         name, keys, pos, has_gauss, cached = json.loads(metadata["numpy_random_seed"])
         np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(tensors["torch_manual_seed"])
+    if XLA_RNG_KEY in metadata:
+        _set_xla_rng_state(int(metadata[XLA_RNG_KEY]))
     cuda_states = sorted(
         (k for k in tensors if k.startswith("torch_cuda_manual_seed.")), key=lambda k: int(k.rsplit(".", 1)[1])
     )

@@ -153,8 +153,21 @@ def check_rng_file(path: str, rng_format: str = "accel-rng-1") -> dict[str, str]
                 path, f"the generator state {key!r} as a list of {length} items", f"{str(value)[:80]!r}"
             )
         _check_json_state(path, key, value)
+    _check_xla_seed(path, metadata)
     _check_torch_states(path, locations)
     return metadata
+
+
+def _check_xla_seed(path: str, metadata: dict[str, str]) -> None:
+    """torch_xla's generator seed, when saved, is a decimal integer in [0, 2**64) (``xm.set_rng_state`` takes
+    nothing else, and would only say so after the model and optimizer were loaded)."""
+    raw = metadata.get("xla_manual_seed")
+    if raw is None:
+        return
+    if not (raw.isascii() and raw.isdigit() and int(raw) < 2**64):
+        raise CorruptCheckpointError(
+            path, "torch_xla's generator seed 'xla_manual_seed' as an unsigned 64-bit integer", f"{raw[:80]!r}"
+        )
 
 
 def _check_json_state(path: str, key: str, value: list[Any]) -> None:

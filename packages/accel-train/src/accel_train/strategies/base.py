@@ -407,6 +407,18 @@ class Strategy:
             **options,
         )
 
+    def skip_first_batches(self, dataloader: Any, num_batches: int) -> Any:
+        """The loader that starts after ``num_batches`` batches (``accel_data.skip_first_batches``); a backend
+        that wraps its loaders (`setup_data_loader()`) skips in the loader it wraps and wraps the result.
+
+        Args:
+            dataloader: a data loader (prepared or not).
+            num_batches: how many batches to skip.
+        """
+        from accel_data import skip_first_batches
+
+        return skip_first_batches(dataloader, num_batches=num_batches)
+
     # -- training step ------------------------------------------------------------------------------
 
     def backward(self, loss: torch.Tensor, accumulation_steps: int = 1, **kwargs: Any) -> None:
