@@ -113,9 +113,8 @@ def walk_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
         yield prefix, module
         children = module._modules
         if children:
-            stack.extend(
-                reversed([(f"{prefix}.{n}" if prefix else n, m) for n, m in children.items() if m is not None])
-            )
+            dot = f"{prefix}." if prefix else ""
+            stack.extend((dot + name, child) for name, child in reversed(children.items()) if child is not None)
 
 
 def iter_module_tensors(model: nn.Module, remove_duplicate: bool = True) -> Iterator[tuple[str, torch.Tensor, bool]]:
@@ -243,7 +242,7 @@ def module_and_buffer_sizes(
     first_name: dict[int, str] = {}
     aliases: dict[int, list[str]] = {}
     order: list[str] = []  # module names in pre-order; totals are summed bottom-up afterwards
-    for prefix, module in _walk(model):
+    for prefix, module in walk_modules(model):
         dot = f"{prefix}." if prefix else ""
         own = own_buffers = 0
         for attr, param in module._parameters.items():
@@ -280,18 +279,6 @@ def module_and_buffer_sizes(
     if tied is not None:
         tied.extend(sorted(sorted(group) for group in aliases.values()))
     return sizes, {k: v for k, v in buffers.items() if v or k == ""}
-
-
-def _walk(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-    """Every (name, module) in pre-order, shared modules included (a cheaper ``named_modules(remove_duplicate=False)``)."""
-    stack: list[tuple[str, nn.Module]] = [("", model)]
-    while stack:
-        name, module = stack.pop()
-        yield name, module
-        children = module._modules
-        if children:
-            dot = f"{name}." if name else ""
-            stack.extend((dot + k, v) for k, v in reversed(children.items()) if v is not None)
 
 
 def _add(sizes: dict[str, int], buffers: dict[str, int] | None, name: str, size: int) -> None:
