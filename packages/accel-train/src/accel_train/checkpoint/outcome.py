@@ -17,6 +17,7 @@ import errno as errno_module
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -108,3 +109,26 @@ def agree(failure: BaseException | None, what: str, payload: str = "") -> list[s
     if error is not None:
         raise error from failure
     return [str(given) for given, _ in everyone]
+
+
+# -- a writer saving alone, and the processes waiting for its folder (through the store) ----------------------
+
+#: The store value a writer saving alone leaves under the save's key: published, or failed with its error.
+PUBLISHED = "published"
+FAILED = "failed:"
+
+
+def tell_waiters(store: Any, key: str, failure: BaseException | None) -> None:
+    """Leave under ``key`` whether the writer's save was published (``failure`` is `None`) or failed."""
+    store.set(key, PUBLISHED if failure is None else FAILED + (describe(failure) or ""))
+
+
+def wait_for_writer(store: Any, key: str) -> None:
+    """Wait until the writer of a save has left its outcome under ``key``; raise the writer's own error
+    (the same `OSError` it raised) when its save failed."""
+    store.wait([key])
+    answer = store.get(key).decode()
+    if answer.startswith(FAILED):
+        error = combined_error([answer[len(FAILED) :]], "save_state")
+        if error is not None:
+            raise error

@@ -36,10 +36,6 @@ logger = logging.getLogger(__name__)
 #: DeepSpeed's engine, FSDP1, the mesh, pipeline stages, Megatron-LM and XLA write synchronously.
 SUPPORTED = "one device, DDP, and FSDP2 with state_dict_type='SHARDED_STATE_DICT'"
 
-#: What the writer of a save into an explicit folder tells the other processes (as the synchronous path).
-_PUBLISHED = "published"
-_FAILED = "failed:"
-
 
 class AsyncSaves:
     """The asynchronous half of the checkpointer (a mixin of `Checkpointer`)."""
@@ -126,7 +122,7 @@ class AsyncSaves:
                 lock.release()
             if tmp is not None and store is not None:  # the others of the save are past its start: tell them
                 if key is not None:
-                    store.set(key, _FAILED + (outcome.describe(error) or ""))
+                    outcome.tell_waiters(store, key, error)
                 else:
                     background.announce(store, self._done_key(save_id, output_dir, self.state.process_index), error)
             raise
@@ -200,7 +196,7 @@ class AsyncSaves:
             if lock is not None:
                 lock.release()
             if key is not None and store is not None:
-                store.set(key, _PUBLISHED if published else _FAILED + (outcome.describe(failure) or ""))
+                store.set(key, outcome.PUBLISHED if published else outcome.FAILED + (outcome.describe(failure) or ""))
             elif together:
                 background.announce(store, self._published_key(save_id, output_dir, rank), failure)
         if failure is not None:
@@ -238,12 +234,7 @@ class AsyncSaves:
         rank = self.state.process_index
 
         def job() -> None:
-            store.wait([key])
-            answer = store.get(key).decode()
-            if answer.startswith(_FAILED):
-                error = outcome.combined_error([answer[len(_FAILED) :]], "save_state")
-                if error is not None:
-                    raise error
+            outcome.wait_for_writer(store, key)
             os.makedirs(output_dir, exist_ok=True)
             with FolderLock(output_dir):
                 rng_path = os.path.join(output_dir, ckpt.rng_file(rank))

@@ -28,10 +28,6 @@ logger = logging.getLogger(__name__)
 #: The manifest's note that the per-process files come from the processes that called ``save_state``.
 _CALLERS = "callers"
 
-#: What a writer saving alone tells the processes waiting for its folder (the store value of the save).
-_PUBLISHED = "published"
-_FAILED = "failed:"
-
 
 def _default_store() -> Any:
     """The key-value store of the default process group (used to hand a save's completion to the others)."""
@@ -225,7 +221,7 @@ class Checkpointer(AsyncSaves):
                     ckpt.discard(tmp)
                 lock.release()
         if key is not None:
-            _default_store().set(key, _PUBLISHED)
+            outcome.tell_waiters(_default_store(), key, None)
         if config.automatic_checkpoint_naming:
             if writer:
                 removed = ckpt.prune(self._checkpoints_base(), config.total_limit, keep=output_dir)
@@ -268,7 +264,7 @@ class Checkpointer(AsyncSaves):
             outcome.agree(failure, "save_state")
         elif failure is not None:
             described = outcome.describe(failure) or ""
-            _default_store().set(key, _FAILED + described)
+            _default_store().set(key, outcome.FAILED + described)
             error = outcome.combined_error([described], "save_state")
             raise (error or failure) from failure
 
@@ -379,14 +375,7 @@ class Checkpointer(AsyncSaves):
 
         It holds the folder's lock while it writes, so a next save of the writer cannot swap the folder
         away under it; a save the writer could not finish raises the writer's error here too."""
-        store = _default_store()
-        key = self._save_key(output_dir)
-        store.wait([key])
-        answer = store.get(key).decode()
-        if answer.startswith(_FAILED):
-            error = outcome.combined_error([answer[len(_FAILED) :]], "save_state")  # the writer's own error
-            if error is not None:
-                raise error
+        outcome.wait_for_writer(_default_store(), self._save_key(output_dir))  # raises the writer's own error
         os.makedirs(output_dir, exist_ok=True)  # another machine's folder without a shared file system
         models = list(self._models)
         weights = [self._strategy.checkpoint_weights(model) for model in models]
