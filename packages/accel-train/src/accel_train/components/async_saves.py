@@ -234,16 +234,19 @@ class AsyncSaves:
         rank = self.state.process_index
 
         def job() -> None:
+            from accel_train.checkpoint.file_io import replace_file
+
             outcome.wait_for_writer(store, key)
             os.makedirs(output_dir, exist_ok=True)
             with FolderLock(output_dir):
-                rng_path = os.path.join(output_dir, ckpt.rng_file(rank))
-                io_.save_rng(f"{rng_path}.partial", states=staged.rng)
-                os.replace(f"{rng_path}.partial", rng_path)
+                replace_file(
+                    os.path.join(output_dir, ckpt.rng_file(rank)), lambda tmp: io_.save_rng(tmp, states=staged.rng)
+                )
                 if staged.grads:
-                    grads_path = os.path.join(output_dir, ckpt.grads_file(rank))
-                    io_.save_weights(staged.grads, f"{grads_path}.partial")
-                    os.replace(f"{grads_path}.partial", grads_path)
+                    grads = staged.grads
+                    replace_file(
+                        os.path.join(output_dir, ckpt.grads_file(rank)), lambda tmp: io_.save_weights(grads, tmp)
+                    )
 
         return self._start(output_dir, job)
 
