@@ -174,6 +174,7 @@ _ALL: tuple[EnvVar, ...] = (
     _v("PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "int", 1, "data parallel replicate size"),
     _v("PARALLELISM_CONFIG_DP_SHARD_SIZE", "int", 1, "data parallel shard size"),
     _v("PARALLELISM_CONFIG_TP_SIZE", "int", 1, "tensor parallel size"),
+    _v("PARALLELISM_CONFIG_EP_SIZE", "int", 1, "expert parallel size (accel extension)"),
     _v("PARALLELISM_CONFIG_CP_SIZE", "int", 1, "context parallel size"),
     _v("PARALLELISM_CONFIG_PP_SIZE", "int", 1, "pipeline parallel size (accel extension)"),
     _v("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "str", "allgather", "context parallel communication"),
