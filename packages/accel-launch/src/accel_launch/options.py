@@ -235,6 +235,7 @@ OPTIONS: tuple[Option, ...] = (
     _O("parallelism_config_dp_replicate_size", "int", G_PARALLELISM, "Data parallel replicate size.", "parallelism_config", default=1),
     _O("parallelism_config_dp_shard_size", "int", G_PARALLELISM, "Data parallel shard size.", "parallelism_config", default=1),
     _O("parallelism_config_tp_size", "int", G_PARALLELISM, "Tensor parallel size.", "parallelism_config", default=1),
+    _O("parallelism_config_ep_size", "int", G_PARALLELISM, "Expert parallel size (accel extension): the processes each mixture-of-experts block's experts are split over.", "parallelism_config", default=1),
     _O("parallelism_config_cp_size", "int", G_PARALLELISM, "Context parallel size.", "parallelism_config", default=1),
     _O("parallelism_config_pp_size", "int", G_PARALLELISM, "Pipeline parallel size (accel extension).", "parallelism_config", default=1),
     _O("parallelism_config_cp_comm_strategy", "str", G_PARALLELISM, "Context parallel communication (allgather or alltoall).", "parallelism_config", default="allgather", choices=tuple(ContextParallelCommStrategy.list())),

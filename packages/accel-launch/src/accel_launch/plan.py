@@ -14,6 +14,7 @@ from typing import Any
 
 from accel_launch.ignored_settings import ignored_parallelism_settings
 from accel_launch.options import BY_DEST, OPTIONS
+from accel_launch.parallel_sizes import check_sizes, product_warning
 from accel_launch.values import ConfigError, check_choice, coerce
 from accel_state import env_vars
 from accel_state.enums import (
@@ -326,6 +327,7 @@ def resolve(
     ignored = ignored_parallelism_settings(values, sources)
     if ignored:
         warnings.append(ignored)
+    check_sizes(values, sources)
     _check_paradigms(values)
     notes: list[str] = []
     _check_gpu_request(values, machine, sources, warnings, lambda: _cpu_choice(config, environ or {}))
@@ -387,6 +389,9 @@ def resolve(
         config is not None and getattr(config, "compute_environment", None) == ComputeEnvironment.AMAZON_SAGEMAKER
     )
     mode = _mode(values, num_processes, num_machines, sagemaker)
+    mismatch = product_warning(values, num_processes, mode)
+    if mismatch:
+        warnings.append(mismatch)
     env = build_env(values, machine, num_processes // num_machines, mode, config)
     return LaunchPlan(
         mode=mode,
@@ -566,7 +571,15 @@ def build_env(
         protocol.update(_megatron_env(values))
     if values.get("use_parallelism_config"):
         protocol["ACCELERATE_USE_PARALLELISM_CONFIG"] = True
-        for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_comm_strategy", "pp_size"):
+        for name in (
+            "dp_replicate_size",
+            "dp_shard_size",
+            "tp_size",
+            "ep_size",
+            "cp_size",
+            "cp_comm_strategy",
+            "pp_size",
+        ):
             protocol[f"PARALLELISM_CONFIG_{name.upper()}"] = values[f"parallelism_config_{name}"]
         for name in ("cp_backend", "sp_size", "sp_backend"):
             protocol[f"PARALLELISM_CONFIG_{name.upper()}"] = values.get(f"parallelism_config_{name}")
