@@ -83,6 +83,7 @@ def test_fsdp_questionnaire_writes_expected_yaml(tmp_path: Path) -> None:
         ("Please enter an integer", "2"),
         ("comma-seperated list? [all]: ", ""),
         ("numa efficiency", ""),
+        ("Do you want to use ParallelismConfig (data, tensor, context and expert parallel sizes)? [yes/NO]: ", ""),
         ("Do you wish to use mixed precision? ([0] no, [1] fp16, [2] bf16, [3] fp8): ", "2"),
     ]
     code, transcript = _converse(
@@ -139,3 +140,46 @@ def test_cpu_questionnaire_to_default_location(tmp_path: Path) -> None:
     written = yaml.safe_load((home / "accelerate" / "default_config.yaml").read_text())
     assert written["distributed_type"] == "NO" and written["use_cpu"] is True and written["num_processes"] == 1
     assert written["mixed_precision"] == "no"
+
+
+def test_parallelism_questionnaire_writes_the_sizes_expert_parallel_included(tmp_path: Path) -> None:
+    from accel_launch.commands.config.config_args import load_config_from_file
+    from accel_launch.plan import MachineInfo, resolve
+
+    target = tmp_path / "nd.yaml"
+    dialogue = [
+        ("compute environment", "0"),
+        ("Which type of machine are you using?", "1"),
+        ("How many different machines", ""),
+        ("Should distributed operations be checked", ""),
+        ("Intel PyTorch Extension (IPEX)", ""),
+        ("launch mpirun?", ""),
+        ("torch dynamo", ""),
+        ("How many processes should be used for distributed training? [1]: ", "8"),
+        ("(data, tensor, context and expert parallel sizes)? [yes/NO]: ", "yes"),
+        ("What is the data parallel replicate size? [1]: ", ""),
+        ("What is the data parallel shard (FSDP) size? [1]: ", "2"),
+        ("What is the tensor parallel size? [1]: ", ""),
+        ("What is the context parallel size? [1]: ", "2"),
+        ("Which context parallel communication should be used? ([0] allgather, [1] alltoall): ", "alltoall"),
+        ("What is the expert parallel size", "0"),  # below 1: asked again
+        ("Please enter an integer (at least 1).", "2"),
+        ("mixed precision?", "no"),
+    ]
+    code, transcript = _converse(
+        ["config", "--config_file", str(target)], dialogue, {"HF_HOME": str(tmp_path / "home")}
+    )
+    assert code == 0, transcript
+    written = yaml.safe_load(target.read_text())
+    assert written["num_processes"] == 8
+    assert written["parallelism_config"] == {
+        "parallelism_config_dp_replicate_size": 1,
+        "parallelism_config_dp_shard_size": 2,
+        "parallelism_config_tp_size": 1,
+        "parallelism_config_cp_size": 2,
+        "parallelism_config_cp_comm_strategy": "alltoall",
+        "parallelism_config_ep_size": 2,
+    }
+    plan = resolve({}, load_config_from_file(str(target)), MachineInfo("cpu", 0, 8), "train.py")
+    assert plan.env["PARALLELISM_CONFIG_EP_SIZE"] == "2" and plan.env["PARALLELISM_CONFIG_CP_SIZE"] == "2"
+    assert plan.warnings == ()  # dp_shard 2 x ep 2 x cp 2 is the 8 processes

@@ -13,6 +13,7 @@ from accel_launch.commands.config.config_args import ClusterConfig, SageMakerCon
 from accel_launch.commands.config.prompts import ask_bool, ask_choice, ask_float, ask_int, ask_text
 from accel_state.enums import (
     MIXED_PRECISION_CHOICES,
+    ContextParallelCommStrategy,
     DynamoBackend,
     FP8BackendType,
     FSDPAutoWrapPolicy,
@@ -200,6 +201,33 @@ def _megatron_questions() -> dict[str, Any]:
     return mlm
 
 
+def _parallelism_questions() -> dict[str, Any]:
+    """The ``parallelism_config`` section: the mesh sizes, or nothing when the user wants none.
+
+    Each size is one dimension of the processes' device mesh, so each is a whole number of at least 1;
+    the context-parallel communication is asked only when that dimension is split.
+    """
+    if not ask_bool("Do you want to use ParallelismConfig (data, tensor, context and expert parallel sizes)?", False):
+        return {}
+    prefix = "parallelism_config_"
+    section: dict[str, Any] = {
+        f"{prefix}dp_replicate_size": ask_int("What is the data parallel replicate size?", 1, minimum=1),
+        f"{prefix}dp_shard_size": ask_int("What is the data parallel shard (FSDP) size?", 1, minimum=1),
+        f"{prefix}tp_size": ask_int("What is the tensor parallel size?", 1, minimum=1),
+        f"{prefix}cp_size": ask_int("What is the context parallel size?", 1, minimum=1),
+    }
+    if section[f"{prefix}cp_size"] > 1:
+        section[f"{prefix}cp_comm_strategy"] = ask_choice(
+            "Which context parallel communication should be used?", ContextParallelCommStrategy.list()
+        )
+    section[f"{prefix}ep_size"] = ask_int(
+        "What is the expert parallel size (the processes each mixture-of-experts block's experts are split over)?",
+        1,
+        minimum=1,
+    )
+    return section
+
+
 def _mixed_precision(config: dict[str, Any]) -> None:
     precision = ask_choice("Do you wish to use mixed precision?", list(MIXED_PRECISION_CHOICES))
     config["mixed_precision"] = precision
@@ -326,6 +354,10 @@ def get_cluster_input() -> ClusterConfig:
             "Would you like to enable numa efficiency? (Currently only supported on NVIDIA hardware).", False
         ):
             config["enable_cpu_affinity"] = True
+    if multi and config["num_processes"] > 1 and config["distributed_type"] != "MEGATRON_LM":
+        parallelism = _parallelism_questions()
+        if parallelism:
+            config["parallelism_config"] = parallelism
 
     _mixed_precision(config)
     if dtype == "XLA" and config["mixed_precision"] == "bf16":
