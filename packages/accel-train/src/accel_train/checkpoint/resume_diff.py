@@ -76,6 +76,8 @@ def differences(saved: Mapping[str, Any] | None, current: Mapping[str, Any]) -> 
             continue
         if key == "backend_settings" and saved.get("strategy") != current.get("strategy"):
             continue  # another backend has other settings: the strategy's own line says it
+        if key == "mesh":  # a dimension a run did not record (added later) had size 1
+            before, after = {**dict.fromkeys(after, 1), **before}, {**dict.fromkeys(before, 1), **after}
         if key == "gradient_accumulation":  # the phase of the save is not a setting of the run
             before = {k: v for k, v in before.items() if k != "mid_accumulation"}
             after = {k: v for k, v in after.items() if k != "mid_accumulation"}

@@ -15,7 +15,7 @@ from typing import Any
 __all__ = ["MESH_DIMENSIONS", "data_position", "describe_run", "library_versions", "mesh_sizes", "plain"]
 
 #: The parallel dimensions of `ParallelDims` (and of ``ParallelismConfig``), in mesh order.
-MESH_DIMENSIONS = ("dp_replicate", "dp_shard", "tp", "cp", "pp")
+MESH_DIMENSIONS = ("dp_replicate", "dp_shard", "tp", "cp", "pp", "ep")
 
 #: Libraries whose version is recorded when the run imported them (a checkpoint may depend on them).
 _OPTIONAL_LIBRARIES = ("deepspeed", "transformers")

@@ -230,6 +230,20 @@ class AcceleratorAttributes:
         return self._strategy.parallel_dims.cp_rank
 
     @property
+    def expert_parallel_rank(self) -> int:
+        """Rank along the expert-parallel dimension (``ep``); 0 without it."""
+        return self._strategy.parallel_dims.ep_rank
+
+    @property
+    def expert_token_counts(self) -> dict[str, Any]:
+        """Load balance of a mixture-of-experts model under expert parallelism: for each expert module (by
+        qualified name), how many of this process's (token, choice) pairs each expert received in the
+        module's latest forward, an int64 tensor ``[num_experts]``. Sum it over processes with
+        ``accelerator.reduce(counts, "sum")``; feed it to an auxiliary loss or a log. Empty without
+        expert parallelism."""
+        return self._strategy.expert_token_counts
+
+    @property
     def pipeline_parallel_rank(self) -> int:
         """Rank along the pipeline-parallel dimension; always 0, as pipeline parallelism is not composed here."""
         return 0

@@ -56,7 +56,9 @@ class ParallelDims:
     """Sizes and this process's ranks along each parallel dimension (1 / 0 where unused).
 
     Checked once, when built: every size is at least 1 and every rank lies in ``[0, size)``.
-    ``pp`` is the pipeline dimension (stages); data loaders shard over the data-parallel ranks only.
+    ``pp`` is the pipeline dimension (stages); ``ep`` the expert-parallel one, whose ranks hold different
+    experts and read different batches. Data loaders shard over the data-parallel ranks
+    (``dp_replicate`` x ``dp_shard`` x ``ep``) only.
     """
 
     dp_replicate_size: int = 1
@@ -69,9 +71,11 @@ class ParallelDims:
     cp_rank: int = 0
     pp_size: int = 1
     pp_rank: int = 0
+    ep_size: int = 1
+    ep_rank: int = 0
 
     def __post_init__(self) -> None:
-        for dim in ("dp_replicate", "dp_shard", "tp", "cp", "pp"):
+        for dim in ("dp_replicate", "dp_shard", "tp", "cp", "pp", "ep"):
             size, rank = getattr(self, f"{dim}_size"), getattr(self, f"{dim}_rank")
             if not isinstance(size, int) or size < 1:
                 raise ValueError(f"ParallelDims.{dim}_size must be an integer >= 1, got {size!r}")
@@ -85,11 +89,13 @@ class ParallelDims:
 
     @property
     def data_parallel_size(self) -> int:
-        return self.dp_replicate_size * self.dp_shard_size
+        """Ranks reading different batches: ``dp_replicate`` x ``dp_shard`` x ``ep``."""
+        return self.dp_replicate_size * self.dp_shard_size * self.ep_size
 
     @property
     def data_parallel_rank(self) -> int:
-        return self.dp_replicate_rank * self.dp_shard_size + self.dp_shard_rank
+        """This process's index among `data_parallel_size`, in mesh order (``ep`` innermost)."""
+        return (self.dp_replicate_rank * self.dp_shard_size + self.dp_shard_rank) * self.ep_size + self.ep_rank
 
 
 @dataclass
@@ -290,6 +296,12 @@ class Strategy:
     def is_composable_parallelism_enabled(self) -> bool:
         """True when models are spread over a device mesh of several parallel dimensions."""
         return False
+
+    @property
+    def expert_token_counts(self) -> dict[str, torch.Tensor]:
+        """Per expert module, this process's tokens routed to each expert in its latest forward; empty
+        unless the strategy splits experts over processes (expert parallelism)."""
+        return {}
 
     # -- set-up -------------------------------------------------------------------------------------
 

@@ -140,6 +140,8 @@ def shard_model(
     dtypes: tuple[Any, Any, Any],
     offload: bool,
     units: Sequence[torch.nn.Module] | None = None,
+    expert_units: Sequence[torch.nn.Module] = (),
+    expert_mesh: Any = None,
 ) -> torch.nn.Module:
     """``fully_shard`` each unit, then ``model``, with the plugin's FSDP2 settings; returns ``model``.
 
@@ -150,6 +152,10 @@ def shard_model(
         dtypes: the precision's ``(param, reduce, buffer)`` dtypes, for the mixed-precision policy.
         offload: offload parameters to the CPU (see `offload_wanted()`).
         units: the units (default `shard_units()`).
+        expert_units: expert modules under expert parallelism (their parameters DTensors over ``ep``):
+            sharded first, over ``expert_mesh``, or left alone by FSDP when ``expert_mesh`` is ``None`` (no
+            other rank holds the same experts).
+        expert_mesh: the mesh of the ranks holding the same experts (``dp_replicate`` x ``dp_shard``).
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
@@ -169,8 +175,13 @@ def shard_model(
     if isinstance(reshard, bool):
         kwargs["reshard_after_forward"] = reshard
     ignored = {p for m in ignored_modules_of(model, getattr(plugin, "ignored_modules", None)) for p in m.parameters()}
+    if expert_units and expert_mesh is None:
+        ignored |= {p for m in expert_units for p in m.parameters()}
     if ignored:
         kwargs["ignored_params"] = ignored
+    if expert_mesh is not None:
+        for unit in expert_units:
+            fully_shard(unit, **{**kwargs, "mesh": expert_mesh})
     for unit in units:
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)

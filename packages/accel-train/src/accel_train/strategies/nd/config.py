@@ -1,4 +1,4 @@
-"""``ParallelismConfig``: sizes of the data-replicate, data-shard, tensor and context parallel
+"""``ParallelismConfig``: sizes of the data-replicate, data-shard, expert, tensor and context parallel
 dimensions, from code or the launcher (``PARALLELISM_CONFIG_*``), and the per-dimension handlers."""
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ __all__ = [
     "TorchTensorParallelPlugin",
 ]
 
-_SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size", "pp_size")
+_SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size", "pp_size", "ep_size")
+#: Dimensions expert parallelism does not compose with yet (refused by name when both are above 1).
+_NOT_WITH_EXPERTS = ("tp_size", "cp_size", "sp_size", "pp_size")
 
 
 @dataclass
@@ -94,6 +96,10 @@ class ParallelismConfig:
             else `deepspeed`).
         pp_size: Size of the pipeline-parallel dimension (an accel extension). Defaults to `None`
             (launcher value, else `1`).
+        ep_size: Size of the expert-parallel dimension (an accel extension): each mixture-of-experts block's
+            experts are split over ``ep_size`` processes, which hold different data for every other layer.
+            Composes with ``dp_replicate_size`` and ``dp_shard_size``; not yet with tensor, context, sequence
+            or pipeline parallelism. Defaults to `None` (launcher value, else `1`).
         tp_handler: A ``TorchTensorParallelConfig``; `None` builds a default one when ``tp_size`` > 1.
             Defaults to `None`.
         cp_handler: A ``TorchContextParallelConfig``; `None` builds one from the launcher's communication strategy
@@ -116,6 +122,7 @@ class ParallelismConfig:
     cp_handler: Any = None
     sp_handler: Any = None
     pp_handler: Any = None
+    ep_size: int | None = None
 
     def __post_init__(self) -> None:
         for name in _SIZES:
@@ -131,6 +138,14 @@ class ParallelismConfig:
                 f"ParallelismConfig.cp_backend={self.cp_backend!r} is not valid; choose torch or deepspeed"
             )
         self._check_sequence_parallel()
+        if self.ep_size > 1:  # type: ignore[operator]
+            others = [f"{name}={getattr(self, name)}" for name in _NOT_WITH_EXPERTS if getattr(self, name) > 1]
+            if others:
+                raise ValueError(
+                    f"ParallelismConfig(ep_size={self.ep_size}) with {', '.join(others)} is not supported: expert "
+                    "parallelism composes with dp_replicate_size and dp_shard_size only; set "
+                    f"{' and '.join(o.split('=')[0] for o in others)} to 1"
+                )
         if self.cp_handler is None and self.cp_size > 1:  # type: ignore[operator]
             self.cp_handler = TorchContextParallelConfig(
                 cp_comm_strategy=env_value("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "allgather")
@@ -177,8 +192,9 @@ class ParallelismConfig:
 
     @property
     def data_parallel_size(self) -> int:
-        """Ranks holding different data: ``dp_replicate_size`` x ``dp_shard_size``."""
-        return self.dp_replicate_size * self.dp_shard_size  # type: ignore[operator]
+        """Ranks holding different data: ``dp_replicate_size`` x ``dp_shard_size`` x ``ep_size`` (expert-parallel
+        peers share their experts but read different batches)."""
+        return self.dp_replicate_size * self.dp_shard_size * self.ep_size  # type: ignore[operator]
 
     @classmethod
     def from_env(cls) -> ParallelismConfig | None:
@@ -188,7 +204,7 @@ class ParallelismConfig:
     @property
     def total_size(self) -> int:
         """Product of every dimension's size."""
-        return self.dp_replicate_size * self.dp_shard_size * self.tp_size * self.cp_size * self.sp_size * self.pp_size  # type: ignore[operator]
+        return self.data_parallel_size * self.tp_size * self.cp_size * self.sp_size * self.pp_size  # type: ignore[operator]
 
     @property
     def is_trivial(self) -> bool:
@@ -199,17 +215,20 @@ class ParallelismConfig:
             and self.cp_size == 1
             and self.sp_size == 1
             and self.pp_size == 1
+            and self.ep_size == 1
         )
 
     # -- the mesh ------------------------------------------------------------------------------------
-    # Dimensions in the fixed order dp_replicate, dp_shard, cp, tp (outermost first): tensor-parallel
-    # peers are neighbours, so their traffic stays inside a machine when a machine holds a tp group.
+    # Dimensions in the fixed order dp_replicate, dp_shard, ep, cp, tp (outermost first): tensor-parallel
+    # peers are neighbours, so their traffic stays inside a machine when a machine holds a tp group; the
+    # expert all-to-all goes between ep neighbours, and dp_shard x ep is one flattened group for FSDP.
 
     @property
     def _sizes(self) -> dict[str, int]:
         return {
             "dp_replicate": self.dp_replicate_size,  # type: ignore[dict-item]
             "dp_shard": self.dp_shard_size,  # type: ignore[dict-item]
+            "ep": self.ep_size,  # type: ignore[dict-item]
             "cp": self.cp_size,  # type: ignore[dict-item]
             "tp": self.tp_size,  # type: ignore[dict-item]
         }
@@ -221,7 +240,14 @@ class ParallelismConfig:
 
     @property
     def dp_dim_names(self) -> list[str]:
-        """The data-parallel dimensions in use (``dp_replicate``, ``dp_shard``)."""
+        """The data-parallel dimensions in use (``dp_replicate``, ``dp_shard``, and ``ep``: expert-parallel
+        peers read different batches)."""
+        return [name for name in ("dp_replicate", "dp_shard", "ep") if self._sizes[name] > 1]
+
+    @property
+    def expert_dp_dim_names(self) -> list[str]:
+        """The dimensions over which ranks hold the same experts (``dp_replicate``, ``dp_shard``): the mesh
+        FSDP2 shards expert weights over."""
         return [name for name in ("dp_replicate", "dp_shard") if self._sizes[name] > 1]
 
     @property
@@ -231,13 +257,14 @@ class ParallelismConfig:
 
     @property
     def dp_shard_cp_dim_names(self) -> list[str]:
-        """Dimensions over which FSDP shards parameters (data shard and context parallel)."""
-        return [name for name in ("dp_shard", "cp") if self._sizes[name] > 1]
+        """Dimensions over which FSDP shards the parameters that are not experts (data shard, expert and
+        context parallel)."""
+        return [name for name in ("dp_shard", "ep", "cp") if self._sizes[name] > 1]
 
     @property
     def dp_cp_dim_names(self) -> list[str]:
         """Dimensions over which gradients are averaged (every data-parallel and context-parallel one)."""
-        return [name for name in ("dp_replicate", "dp_shard", "cp") if self._sizes[name] > 1]
+        return [name for name in ("dp_replicate", "dp_shard", "ep", "cp") if self._sizes[name] > 1]
 
     @property
     def fsdp_dim_names(self) -> list[str]:
@@ -263,7 +290,8 @@ class ParallelismConfig:
             ValueError: The product of the sizes differs from ``num_processes``.
         """
         if self.total_size != num_processes:
-            shown = [name for name in _SIZES if name != "pp_size" or self.pp_size != 1]  # pp: an accel extension
+            # pp and ep: accel extensions, named only when used
+            shown = [name for name in _SIZES if name not in ("pp_size", "ep_size") or getattr(self, name) != 1]
             product = " x ".join(f"{name.removesuffix('_size')} {getattr(self, name)}" for name in shown)
             raise ValueError(
                 f"ParallelismConfig sizes multiply to {self.total_size} ({product}) but the run has "
@@ -338,6 +366,11 @@ class ParallelismConfig:
         """Whether ``sp_size`` is above 1."""
         return self.sp_size > 1  # type: ignore[operator]
 
+    @property
+    def ep_enabled(self) -> bool:
+        """Whether ``ep_size`` is above 1."""
+        return self.ep_size > 1  # type: ignore[operator]
+
 
 _ENV_SIZES = frozenset(
     {
@@ -347,5 +380,6 @@ _ENV_SIZES = frozenset(
         "PARALLELISM_CONFIG_CP_SIZE",
         "PARALLELISM_CONFIG_SP_SIZE",
         "PARALLELISM_CONFIG_PP_SIZE",
+        "PARALLELISM_CONFIG_EP_SIZE",
     }
 )

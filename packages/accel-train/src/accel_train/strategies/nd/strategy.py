@@ -1,14 +1,17 @@
-"""The ND-parallel strategy: a device mesh of data-replicate x data-shard x context x tensor parallel
-dimensions, built from a ``ParallelismConfig``.
+"""The ND-parallel strategy: a device mesh of data-replicate x data-shard x expert x context x tensor
+parallel dimensions, built from a ``ParallelismConfig``.
 
 A model is set up in a fixed order (the order in which the pieces compose):
 
 1. placed on the device and converted for the precision;
 2. tensor parallel over ``tp``: the modules of the plan become DTensor-sharded (`accel_train.strategies.nd.tensor_parallel`);
+   expert parallel over ``ep``: each expert module's experts are split over the ``ep`` processes and its
+   tokens travel by all-to-all (`accel_train.strategies.nd.expert_parallel`);
 3. activation checkpointing of the blocks, when the FSDP plugin asks for it;
 4. ``torch.compile``, when the dynamo plugin asks for it;
-5. FSDP2 (``fully_shard``) over ``dp_shard`` x ``cp`` — each unit (the plugin's auto-wrap policy, else
-   the repeated blocks), then the root — with ``dp_replicate`` as the replicate dimension of HSDP.
+5. FSDP2 (``fully_shard``) over ``dp_shard`` x ``ep`` x ``cp`` — the expert modules first (over the ranks
+   holding the same experts, ``dp_replicate`` x ``dp_shard``), each unit (the plugin's auto-wrap policy,
+   else the repeated blocks), then the root — with ``dp_replicate`` as the replicate dimension of HSDP.
 
 Steps 3 and 5 are the FSDP strategy's own FSDP2 path (`accel_train.strategies.fsdp.fsdp2`): every
 FSDP plugin setting means the same here, or is refused by name (``cpu_ram_efficient_loading``, a
@@ -54,6 +57,7 @@ class NDParallelStrategy(Strategy):
         self.config.validate_world_size(state.num_processes)
         self._mesh = self.config.build_device_mesh(state.device.type)
         self._models: list[torch.nn.Module] = []
+        self._expert_counts: dict[str, torch.Tensor] = {}
 
     @classmethod
     def validate(cls, state: Any, precision_cls: Any, mode: str) -> None:
@@ -131,6 +135,8 @@ class NDParallelStrategy(Strategy):
             dp_shard_rank=self._local_rank("dp_shard"),
             tp_rank=self._local_rank("tp"),
             cp_rank=self._local_rank("cp"),
+            ep_size=config.ep_size,
+            ep_rank=self._local_rank("ep"),
         )
 
     # -- set-up ---------------------------------------------------------------------------------------
@@ -181,6 +187,11 @@ class NDParallelStrategy(Strategy):
             explicit = getattr(config.tp_handler, "tp_plan", None)
             plan = resolve_plan(model, model_plan(model, explicit), config.tp_size)
             apply_plan(model, plan, self._mesh["tp"])
+        experts: list[tuple[torch.nn.Module, Any]] = []
+        if config.ep_enabled:
+            from accel_train.strategies.nd.expert_parallel import apply_expert_parallel
+
+            experts = apply_expert_parallel(model, self._mesh["ep"], self._expert_counts)
         fsdp_plugin = getattr(self.state, "fsdp_plugin", None)
         if fsdp_plugin is not None and fsdp_plugin.activation_checkpointing:
             fsdp2.apply_activation_checkpointing(model, fsdp_plugin)
@@ -190,13 +201,27 @@ class NDParallelStrategy(Strategy):
             fsdp2.shard_model(
                 model,
                 fsdp_plugin,
-                mesh=self._mesh[tuple(names)] if len(names) > 1 else self._mesh[names[0]],
+                mesh=self._sub_mesh(names),
                 dtypes=self.precision.mixed_precision_dtypes(),
                 offload=fsdp2.offload_wanted(fsdp_plugin, self.device),
                 units=fsdp2.shard_units(model, fsdp_plugin, default_blocks=True),
+                expert_units=[module for module, _ in experts],
+                expert_mesh=self._sub_mesh(config.expert_dp_dim_names),
             )
         self._models.append(model)
         return model
+
+    def _sub_mesh(self, names: Sequence[str]) -> Any:
+        """The sub-mesh of the dimensions ``names`` (``None`` for none)."""
+        if not names:
+            return None
+        return self._mesh[tuple(names)] if len(names) > 1 else self._mesh[names[0]]
+
+    @property
+    def expert_token_counts(self) -> dict[str, torch.Tensor]:
+        """Per expert module, how many of this process's (token, choice) pairs each expert received in the
+        module's latest forward (``[num_experts]`` int64); empty without expert parallelism."""
+        return dict(self._expert_counts)
 
     # -- training step ----------------------------------------------------------------------------------
 
