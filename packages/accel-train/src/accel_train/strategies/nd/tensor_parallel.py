@@ -59,8 +59,9 @@ REFUSED_STYLES: dict[str, str] = {
     "all_reduce": "it sums a module's partial outputs with a hook specific to transformers' MoE layers",
     "mla_kv_a_proj": "multi-head latent attention splits its projection into KV and RoPE parts, a rule "
     "specific to transformers' MLA layers",
-    "moe_tp_experts": "expert weights are split per expert by transformers' MoE implementation",
-    "moe_identity_expert": "it belongs to transformers' MoE expert parallelism",
+    "moe_tp_experts": "expert weights are split per expert by transformers' MoE implementation (split the experts "
+    "over processes with ParallelismConfig(ep_size=...) instead)",
+    "moe_identity_expert": "it belongs to transformers' MoE expert parallelism (accel's is ParallelismConfig(ep_size=...))",
     "local_params": "the parameters are kept as per-rank local tensors by transformers' own hooks",
 }
 
