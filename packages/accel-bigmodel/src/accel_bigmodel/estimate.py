@@ -49,8 +49,8 @@ def estimate_memory(model: nn.Module, dtypes: list[str] | tuple[str, ...] = ALL_
         raise ValueError(f"Unknown dtypes {unknown}: choose among {list(DTYPE_DIVISORS)}.")
     total, (largest, _) = calculate_maximum_sizes(model)
     # sizes are measured in the model's dtype; express them in float32 first
-    elements_per_byte = 4 / _model_element_size(model)
-    total_fp32, largest_fp32 = int(total * elements_per_byte), int(largest * elements_per_byte)
+    to_float32 = float32_factor(model)
+    total_fp32, largest_fp32 = int(total * to_float32), int(largest * to_float32)
     rows = []
     for dtype in dtypes:
         divisor = DTYPE_DIVISORS[dtype]
@@ -59,11 +59,17 @@ def estimate_memory(model: nn.Module, dtypes: list[str] | tuple[str, ...] = ALL_
     return rows
 
 
-def _model_element_size(model: nn.Module) -> int:
+def float32_factor(model: nn.Module) -> float:
+    """What to multiply ``model``'s byte sizes by to have them in float32: 4 over the element size of its
+    first floating-point parameter (1 when it has none), since the estimate's dtypes are divisors of float32.
+
+    Args:
+        model: The model (an `nn.Module`).
+    """
     for param in model.parameters():
         if param.is_floating_point():
-            return param.element_size()
-    return 4
+            return 4 / param.element_size()
+    return 1.0
 
 
 def convert_bytes(size: float) -> str:
@@ -85,8 +91,20 @@ def format_table(model_name: str, rows: list[EstimateRow]) -> str:
     cells = [
         [r.dtype, convert_bytes(r.largest_layer), convert_bytes(r.total_size), convert_bytes(r.training)] for r in rows
     ]
+    return markdown_table(f"Memory Usage for loading `{model_name}`:", header, cells)
+
+
+def markdown_table(title: str, header: list[str], cells: list[list[str]]) -> str:
+    """``title``, a blank line, and a markdown table of ``header`` over the rows ``cells``, columns padded
+    to their widest entry (the layout of the ``accel estimate-memory`` tables).
+
+    Args:
+        title: The line above the table.
+        header: The column names.
+        cells: One list of texts per row, as long as ``header``.
+    """
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
-    lines = [f"Memory Usage for loading `{model_name}`:", ""]
+    lines = [title, ""]
     lines.append("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
     lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for c in cells:
@@ -292,9 +310,21 @@ def verify_on_hub(repo: str, token: str | None = None) -> Any:
         return "gated"
 
 
-def gather_data(args: Any) -> list[EstimateRow]:
-    """Rows for the parsed CLI arguments."""
+def gather_data(args: Any) -> list[Any]:
+    """Rows for the parsed CLI arguments: `EstimateRow`s, or `ExpertParallelRow`s when ``args.ep_size``
+    (absent means 1) is above 1.
+
+    Raises:
+        ValueError: ``args.ep_size`` is not an int >= 1, or does not fit the model (see
+            `estimate_expert_parallel_memory()`); and the errors of `create_empty_model()`.
+    """
+    from accel_bigmodel.expert_estimate import check_ep_size, estimate_expert_parallel_memory
+
+    ep_size = getattr(args, "ep_size", 1)
+    check_ep_size(ep_size)  # before building the model: bad input fails fast
     model = create_empty_model(
         args.model_name, library_name=args.library_name, trust_remote_code=args.trust_remote_code
     )
-    return estimate_memory(model, args.dtypes)
+    if ep_size == 1:
+        return estimate_memory(model, args.dtypes)
+    return estimate_expert_parallel_memory(model, ep_size, args.dtypes, model_name=args.model_name)

@@ -87,14 +87,14 @@ def find_expert_modules(model: nn.Module) -> list[ExpertModule]:
         model: the model (on any device, the meta device included).
     """
     found: list[ExpertModule] = []
-    inside: list[str] = []
+    inside: list[str] = []  # prefixes of the submodules of expert modules found ("" when the model is one)
     for name, module in model.named_modules():
-        if any(name.startswith(outer + ".") for outer in inside):
+        if any(name.startswith(prefix) for prefix in inside):
             continue
         expert = _as_expert_module(name, module)
         if expert is not None:
             found.append(expert)
-            inside.append(name)
+            inside.append(f"{name}." if name else "")
     return found
 
 

@@ -25,12 +25,33 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="Dtypes to report (default: all).",
     )
     parser.add_argument(
+        "--ep_size",
+        type=_ep_size,
+        default=1,
+        help="Mixture-of-experts models: the number of processes the experts are split over (expert "
+        "parallelism); reports per process the bytes of the experts (divided by it) and of the rest. It must "
+        "divide the expert count of every expert module. Default 1: the ordinary table.",
+    )
+    parser.add_argument(
         "--trust_remote_code",
         action="store_true",
         help="Allow custom model code from the Hub (only for repositories you trust).",
     )
     parser.set_defaults(func=run)
     return parser
+
+
+def _ep_size(text: str) -> int:
+    """``--ep_size``'s value: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer >= 1, the number of processes the experts are split over; got {text!r}"
+        )
+    return value
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -75,22 +96,29 @@ def estimate_command(args: argparse.Namespace) -> int:
     Raises:
         OSError: the model is not on the Hub, is gated, or the Hub cannot be reached; a local config file
             named does not exist (``FileNotFoundError``). The documented system's type for these.
-        ValueError: the name is no Hub id or local file, the factory cannot be imported, or the Hub does
-            not say which library the model uses.
+        ValueError: the name is no Hub id or local file, the factory cannot be imported, the Hub does
+            not say which library the model uses, or ``--ep_size`` does not fit the model (no expert
+            module, or an expert count it does not divide).
         RuntimeError: the library found no model to build in what was given
             (`ModelBuildError`).
         ImportError: the model's library (transformers, timm) is not installed.
     """
     from accel_bigmodel.estimate import format_table
     from accel_bigmodel.estimate import gather_data as gather
+    from accel_bigmodel.expert_estimate import format_expert_parallel_table
 
     rows = gather(args)
-    print(format_table(args.model_name, rows))
+    ep_size = getattr(args, "ep_size", 1)
+    if ep_size == 1:
+        print(format_table(args.model_name, rows))
+    else:
+        print(format_expert_parallel_table(args.model_name, rows, ep_size))
     return 0
 
 
 def gather_data(args: argparse.Namespace) -> list[Any]:
-    """Rows ``[dtype, largest_layer, total_size, training]`` (bytes) for parsed arguments."""
+    """Rows ``[dtype, largest_layer, total_size, training]`` (bytes) for parsed arguments; with
+    ``--ep_size`` above 1, rows ``[dtype, experts, rest, total_size, training]`` (bytes per process)."""
     from accel_bigmodel.estimate import gather_data as gather
 
     return gather(args)
