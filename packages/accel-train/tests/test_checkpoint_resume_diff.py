@@ -85,6 +85,12 @@ def test_fields_an_older_manifest_lacks_are_not_compared() -> None:
     assert differences(None, RUN) == []
 
 
+def test_a_mesh_dimension_an_older_manifest_lacks_reads_as_size_1() -> None:
+    current = _changed(mesh={**RUN["mesh"], "ep": 1})  # "ep" recorded since expert parallelism (issue 42)
+    assert differences(RUN, current) == [] and differences(current, RUN) == []
+    assert _lines(RUN, _changed(mesh={**RUN["mesh"], "ep": 2})) == ["resume: mesh.ep 1 -> 2"]
+
+
 def test_the_phase_of_the_save_is_no_difference() -> None:
     saved = _changed(gradient_accumulation={"steps": 2, "mid_accumulation": True})
     assert differences(saved, RUN) == []
@@ -168,7 +174,7 @@ def test_manifest_records_the_run_and_a_resume_logs_what_changed(tmp_path, caplo
     accelerator.save_state(folder)
     manifest = json.loads(open(os.path.join(folder, "accel_checkpoint.json"), encoding="utf-8").read())
     assert manifest["strategy"] == "single_device" and manifest["mixed_precision"] == "no"
-    assert manifest["mesh"] == {"dp_replicate": 1, "dp_shard": 1, "tp": 1, "cp": 1, "pp": 1}
+    assert manifest["mesh"] == {"dp_replicate": 1, "dp_shard": 1, "tp": 1, "cp": 1, "pp": 1, "ep": 1}
     assert manifest["gradient_accumulation"] == {"steps": 2, "mid_accumulation": True}
     assert manifest["data"] == [{"epoch": 0, "batches_yielded": 2, "samples_seen": 4}]
     assert manifest["versions"]["torch"] == torch.__version__ and "accel-train" in manifest["versions"]

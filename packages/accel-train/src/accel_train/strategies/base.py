@@ -27,7 +27,7 @@ import contextlib
 import itertools
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -142,7 +142,10 @@ def parameter_locations(
 
 
 def rebind_optimizer_parameters(
-    optimizer: torch.optim.Optimizer, locations: dict[int, tuple[int, str]], new_params: Sequence[dict[str, Any]]
+    optimizer: torch.optim.Optimizer,
+    locations: dict[int, tuple[int, str]],
+    new_params: Sequence[dict[str, Any]],
+    dropped: Container[str] = (),
 ) -> None:
     """Point ``optimizer`` at the parameters that replaced the ones it was built over, in place.
 
@@ -154,6 +157,8 @@ def rebind_optimizer_parameters(
         optimizer: an optimizer built over the models before they were set up.
         locations: `parameter_locations()` of those models, taken before set-up.
         new_params: per model (same order), the set-up model's parameters by name.
+        dropped: names of parameters the set-up removed from this process (experts another process
+            holds): they leave the optimizer, with their state.
 
     Raises:
         KeyError: a parameter of the optimizer is not in ``locations``, or its name is not in ``new_params``
@@ -163,6 +168,9 @@ def rebind_optimizer_parameters(
         rebound = []
         for param in group["params"]:
             index, name = locations[id(param)]
+            if name not in new_params[index] and name in dropped:
+                optimizer.state.pop(param, None)
+                continue
             new = new_params[index][name]
             if param in optimizer.state:  # state loaded before prepare follows its parameter
                 optimizer.state[new] = optimizer.state.pop(param)

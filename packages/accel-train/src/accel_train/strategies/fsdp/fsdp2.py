@@ -128,8 +128,16 @@ def shard_units(model: torch.nn.Module, plugin: Any, default_blocks: bool = Fals
     if plugin is not None and getattr(plugin, "auto_wrap_policy", None) is not None:
         units = wrap_units(model, plugin)
     else:
-        units = repeated_blocks(model) if default_blocks else []
+        units = _outermost(repeated_blocks(model)) if default_blocks else []
     return [checkpoint_parent(model, unit) for unit in units]
+
+
+def _outermost(units: list[torch.nn.Module]) -> list[torch.nn.Module]:
+    """``units`` without those nested in another (a list of experts inside each repeated block): an
+    expert that no token of one rank reaches is not called there, so as a unit of its own its all-gather
+    would run on some ranks only; inside its block it is gathered with the block, on every rank."""
+    inside = {id(inner) for unit in units for inner in unit.modules() if inner is not unit}
+    return [unit for unit in units if id(unit) not in inside]
 
 
 def shard_model(

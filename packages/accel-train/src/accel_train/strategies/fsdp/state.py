@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -234,11 +234,18 @@ def save_sharded_model(model: torch.nn.Module, checkpoint_dir: str, local: bool 
 
 
 def load_sharded_model(
-    model: torch.nn.Module, checkpoint_dir: str, strict: bool = True, local: bool = False, io: Any = None
+    model: torch.nn.Module,
+    checkpoint_dir: str,
+    strict: bool = True,
+    local: bool = False,
+    io: Any = None,
+    elsewhere: Collection[str] = (),
 ) -> None:
     """Read the DCP folder ``checkpoint_dir`` into the (sharded) model, on any number of processes.
 
-    Tensors whose saved shape differs from the model's are named before anything is read.
+    Tensors whose saved shape differs from the model's are named before anything is read. ``elsewhere``
+    names saved tensors that other processes hold and this one does not (listed experts under expert
+    parallelism): not unexpected.
     """
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
@@ -256,7 +263,7 @@ def load_sharded_model(
     check_shapes(shapes, saved, f"sharded checkpoint {checkpoint_dir}")
     if strict:
         missing = sorted(set(state) - set(saved))
-        extra = sorted(set(saved) - set(state))
+        extra = sorted(set(saved) - set(state) - set(elsewhere))
         if missing or extra:
             raise RuntimeError(
                 f"sharded checkpoint {checkpoint_dir} does not match the model {type(model).__name__}: "

@@ -12,20 +12,26 @@ Every process runs the whole model on its own batch; at each expert module (the 
 4. the outputs come back with the reverse all-to-all (``combine``) and are weighted by the router's
    weights and summed per token, as the module does itself.
 
-The stacked parameters become DTensors sharded on dimension 0 over the ``ep`` mesh, so checkpoints
+Stacked parameters become DTensors sharded on dimension 0 over the ``ep`` mesh, so checkpoints
 (``torch.distributed.checkpoint``) keep one ordinary ``[num_experts, ...]`` tensor per name, full state
-dicts gather into that layout, and a resume with another ``ep_size`` reshards. Gradients: a process's
-experts receive the contributions of every ``ep`` peer's loss through the all-to-all's backward; each
-peer's loss is its own batch's mean, so the expert gradients are scaled by ``1 / ep`` here and averaged
-over the ranks holding the same experts by FSDP2 (``dp_replicate`` x ``dp_shard``), which makes them the
-gradient of the mean loss over all processes. Every process takes part in every all-to-all, forward and
-backward, even when it sends or receives no rows.
+dicts gather into that layout, and a resume with another ``ep_size`` reshards. A list of experts keeps
+only this process's entries, under their own indices (`LocalExperts`): checkpoint keys stay those of
+the unsplit model (each process writes its experts' keys), and `gather_listed_experts()` completes a full
+state dict from the ``ep`` peers.
+
+Gradients: a process's experts receive the contributions of every ``ep`` peer's loss through the
+all-to-all's backward; each peer's loss is its own batch's mean, so the experts' part of the gradient is
+scaled by ``1 / ep`` (on the way out of the experts, and undone on the way into them, so the tokens'
+gradients are unchanged) and averaged over the ranks holding the same experts by FSDP2
+(``dp_replicate`` x ``dp_shard``): the gradient of the mean loss over all processes. Every process takes
+part in every all-to-all, forward and backward, even when it sends or receives no rows.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, MutableMapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,7 +39,14 @@ from torch import nn
 
 from accel_bigmodel.experts import ExpertModule, find_expert_modules
 
-__all__ = ["ExpertParallelForward", "apply_expert_parallel"]
+__all__ = [
+    "ExpertParallelForward",
+    "LocalExperts",
+    "SplitExperts",
+    "apply_expert_parallel",
+    "expert_local_parameters",
+    "gather_listed_experts",
+]
 
 
 class _AllToAll(torch.autograd.Function):
@@ -117,6 +130,9 @@ class ExpertParallelForward:
         ep_size: the number of processes in ``group``.
         counts: where this forward records, under the module's name, how many of this process's
             (token, choice) pairs each expert received (a ``[num_experts]`` int64 tensor).
+        anchor_listed: give a listed expert that received no row a zero gradient, as FSDP2 needs when
+            the ranks holding the same experts reduce their gradients together; otherwise such an expert
+            keeps no gradient, as in a single process (stacked experts always get one: their tensor does).
     """
 
     def __init__(
@@ -126,8 +142,10 @@ class ExpertParallelForward:
         group: Any,
         ep_size: int,
         counts: MutableMapping[str, torch.Tensor],
+        anchor_listed: bool = False,
     ) -> None:
         self.module_forward = type(module).forward
+        self.anchor_listed = anchor_listed
         self.module: Any = module  # its num_experts is narrowed during a call
         self.expert = expert
         self.group = group
@@ -144,8 +162,6 @@ class ExpertParallelForward:
             param = self.module._parameters[name]
             assert param is not None
             tensor = param.to_local() if isinstance(param, DTensor) else param
-            if tensor.requires_grad:
-                tensor = _ScaleGradient.apply(tensor, 1.0 / self.ep_size)
             if tensor.is_floating_point() and tensor.dtype != dtype:
                 tensor = tensor.to(dtype)  # mixed precision: compute in the activations' dtype
             local[name] = tensor
@@ -179,14 +195,19 @@ class ExpertParallelForward:
         local_ids = torch.arange(local_count, device=device).repeat(ep).repeat_interleave(received_counts)
         ones = torch.ones((dispatched.shape[0], 1), dtype=top_k_weights.dtype, device=device)
         local = self._local_parameters(hidden_states.dtype)
+        # the experts' gradients scaled by 1/ep, the tokens' left as they are (see the module's docstring)
+        inputs = _ScaleGradient.apply(dispatched, float(ep)) if dispatched.requires_grad else dispatched
         original_count = self.expert.num_experts
         try:
             self.module.num_experts = local_count  # the forward loops over its local experts
             with _parameters_replaced(self.module, local):
-                output = self.module_forward(self.module, dispatched, local_ids.unsqueeze(1), ones)
+                output = self.module_forward(self.module, inputs, local_ids.unsqueeze(1), ones)
         finally:
             self.module.num_experts = original_count
-        anchors = [dispatched, *(t for t in local.values() if t.requires_grad)]
+        if output.requires_grad:
+            output = _ScaleGradient.apply(output, 1.0 / ep)
+        held = list(local.values()) if local else list(self.module.parameters()) if self.anchor_listed else []
+        anchors = [dispatched, *(t for t in held if t.requires_grad)]
         if torch.is_grad_enabled() and any(a.requires_grad for a in anchors):
             output = _JoinGraph.apply(output, *anchors)
         returned = _AllToAll.apply(output, send_splits, receive_splits, self.group)
@@ -195,25 +216,27 @@ class ExpertParallelForward:
 
 
 def apply_expert_parallel(
-    model: nn.Module, mesh: Any, counts: MutableMapping[str, torch.Tensor]
-) -> list[tuple[nn.Module, ExpertModule]]:
+    model: nn.Module, mesh: Any, counts: MutableMapping[str, torch.Tensor], experts_sharded: bool = False
+) -> list[SplitExperts]:
     """Split every expert module of ``model`` over the 1-D ``ep`` mesh ``mesh``, in place.
 
     Each stacked parameter keeps this process's ``num_experts / ep`` experts as the local shard of a DTensor
     (``Shard(0)``) over ``mesh``, taken from this process's own copy (every process built the same model, as
-    for FSDP); the module's forward becomes an `ExpertParallelForward`.
+    for FSDP); a list keeps this process's experts in a `LocalExperts` and drops the others. The module's
+    forward becomes an `ExpertParallelForward`.
 
     Args:
         model: the model, on its device.
         mesh: the ``ep`` sub-mesh of the run's device mesh.
         counts: the mapping each module's forward records its per-expert token counts in.
+        experts_sharded: FSDP2 will shard the experts over the ranks holding the same ones (see
+            `ExpertParallelForward`'s ``anchor_listed``).
 
     Returns:
-        ``(module, entry)`` for each expert module, outermost first.
+        a `SplitExperts` for each expert module, outermost first.
 
     Raises:
         ValueError: the model has no expert module, or ``ep`` does not divide a module's expert count.
-        NotImplementedError: an expert module holds its experts as a list (stack them).
     """
     from torch.distributed.tensor import DTensor, Shard
 
@@ -228,12 +251,6 @@ def apply_expert_parallel(
         )
     result = []
     for expert in experts:
-        if expert.layout == "list":
-            raise NotImplementedError(
-                f"expert module {expert.name!r} holds its {expert.num_experts} experts as a list "
-                f"({expert.list_name!r}); expert parallelism splits stacked expert parameters "
-                "[num_experts, ...] (as transformers' *Experts modules): stack the experts' weights, or set ep_size=1"
-            )
         if expert.num_experts % ep:
             raise ValueError(
                 f"ParallelismConfig(ep_size={ep}) does not divide the {expert.num_experts} experts of "
@@ -241,21 +258,149 @@ def apply_expert_parallel(
             )
         module = model.get_submodule(expert.name)
         local = expert.num_experts // ep
+        listed: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        if expert.layout == "list":
+            experts_list = getattr(module, expert.list_name)
+            prefix = f"{expert.name}.{expert.list_name}." if expert.name else f"{expert.list_name}."
+            listed = {prefix + n: (tuple(p.shape), p.dtype) for n, p in experts_list.named_parameters()}
+            setattr(module, expert.list_name, LocalExperts(experts_list, rank * local, local))
         for name, param in list(module.named_parameters(recurse=False)):
             if isinstance(param, DTensor):
                 raise ValueError(f"{expert.name}.{name} is already a DTensor; expert parallelism splits plain tensors")
             shard = param.detach()[rank * local : (rank + 1) * local].clone()
             split = DTensor.from_local(shard, mesh, [Shard(0)], run_check=False)
             setattr(module, name, nn.Parameter(split, requires_grad=param.requires_grad))
-        module.forward = ExpertParallelForward(module, expert, mesh.get_group(), ep, counts)  # type: ignore[method-assign]
-        result.append((module, expert))
+        module.forward = ExpertParallelForward(  # type: ignore[method-assign]
+            module, expert, mesh.get_group(), ep, counts, anchor_listed=experts_sharded
+        )
+        result.append(SplitExperts(module, expert, rank * local, local, listed))
     return result
 
 
-def expert_parameters(modules: Sequence[tuple[nn.Module, ExpertModule]]) -> list[nn.Parameter]:
-    """The expert parameters of the modules `apply_expert_parallel()` returned.
+@dataclass
+class SplitExperts:
+    """One expert module after `apply_expert_parallel()`.
+
+    Attributes:
+        module: the module (its forward an `ExpertParallelForward`).
+        expert: its entry from `find_expert_modules()`.
+        first: the index of this process's first expert.
+        count: how many experts this process holds.
+        listed: for a list of experts, every expert parameter of the unsplit model by qualified name, with
+            its shape and dtype (what `gather_listed_experts()` completes); empty for stacked experts.
+    """
+
+    module: nn.Module
+    expert: ExpertModule
+    first: int
+    count: int
+    listed: dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+class LocalExperts(nn.Module):
+    """The experts of a list that this process holds, registered under their indices in the whole list (so
+    state-dict keys are those of the unsplit model) and indexed from 0 like the list of local experts that
+    the module's forward sees while `ExpertParallelForward` narrows ``num_experts``.
 
     Args:
-        modules: its result.
+        experts: the whole list.
+        first: the index of the first expert kept.
+        count: how many are kept.
     """
-    return [p for module, _ in modules for p in module.parameters(recurse=False)]
+
+    def __init__(self, experts: nn.ModuleList, first: int, count: int) -> None:
+        super().__init__()
+        for index in range(first, first + count):
+            self.add_module(str(index), experts[index])
+        self.first, self.count = first, count
+
+    def __getitem__(self, index: int) -> nn.Module:
+        if not -self.count <= index < self.count:
+            raise IndexError(f"local expert {index} out of range: this process holds {self.count} experts")
+        module = self._modules[str(self.first + index % self.count)]
+        assert module is not None
+        return module
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[nn.Module]:
+        return iter(self[index] for index in range(self.count))
+
+
+def expert_local_parameters(splits: Sequence[SplitExperts]) -> set[int]:
+    """The ids of the parameters that only this process's ``ep`` group holds: listed experts (a norm over
+    every parameter adds theirs over ``ep``; stacked ones are DTensors, reduced by DTensor itself).
+
+    Args:
+        splits: what `apply_expert_parallel()` returned (after FSDP2 has replaced the parameters).
+    """
+    return {id(p) for split in splits if split.listed for p in split.module.parameters()}
+
+
+def gather_listed_experts(
+    state: dict[str, Any], splits: Sequence[SplitExperts], group: Any, device: torch.device
+) -> dict[str, Any]:
+    """``state`` (a full state dict holding this process's listed experts) with every listed expert added,
+    each sent by the ``ep`` peer that holds it; call it on every process of ``group``.
+
+    Args:
+        state: the full state dict of the model on this process (CPU tensors).
+        splits: what `apply_expert_parallel()` returned.
+        group: the ``ep`` process group.
+        device: the device collectives run on (CPU for gloo, the GPU for NCCL).
+    """
+    import torch.distributed as dist
+
+    rank = dist.get_rank(group)
+    gathered = dict(state)
+    for split in splits:
+        if not split.listed:
+            continue
+        prefix = f"{split.expert.name}.{split.expert.list_name}." if split.expert.name else f"{split.expert.list_name}."
+        for key, (shape, dtype) in split.listed.items():
+            owner = int(key[len(prefix) :].split(".", 1)[0]) // split.count
+            if owner == rank:
+                dtype = gathered[key].dtype  # FSDP2 may have upcast it since
+            code = torch.tensor([_DTYPES.index(dtype) if dtype in _DTYPES else -1], device=device)
+            dist.broadcast(code, group=group, group_src=owner)
+            if int(code) < 0:
+                raise TypeError(f"{key} has dtype {dtype}, which expert gathering does not send")
+            buffer = (
+                gathered[key].to(device)
+                if owner == rank
+                else torch.empty(shape, dtype=_DTYPES[int(code)], device=device)
+            )
+            dist.broadcast(buffer, group=group, group_src=owner)
+            gathered[key] = buffer.cpu()
+    return _in_model_order(state, gathered, splits)
+
+
+def _in_model_order(state: dict[str, Any], gathered: dict[str, Any], splits: Sequence[SplitExperts]) -> dict[str, Any]:
+    """``gathered`` ordered as the unsplit model's state dict: each list's experts where its first one was."""
+    lists = [
+        (f"{s.expert.name}.{s.expert.list_name}." if s.expert.name else f"{s.expert.list_name}.", s)
+        for s in splits
+        if s.listed
+    ]
+    ordered: dict[str, Any] = {}
+    for key in state:
+        for prefix, split in lists:
+            if key.startswith(prefix):
+                ordered.update({name: gathered[name] for name in split.listed})
+                break
+        else:
+            ordered[key] = gathered[key]
+    return ordered
+
+
+_DTYPES = [
+    torch.float32,
+    torch.bfloat16,
+    torch.float16,
+    torch.float64,
+    torch.int8,
+    torch.uint8,
+    torch.int32,
+    torch.int64,
+]

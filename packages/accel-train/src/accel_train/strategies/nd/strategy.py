@@ -58,6 +58,8 @@ class NDParallelStrategy(Strategy):
         self._mesh = self.config.build_device_mesh(state.device.type)
         self._models: list[torch.nn.Module] = []
         self._expert_counts: dict[str, torch.Tensor] = {}
+        self._experts: dict[int, list[Any]] = {}  # id(model) -> its SplitExperts (expert parallelism)
+        self._ep_local_parameters: set[int] = set()  # ids of the parameters only this ep group holds
 
     @classmethod
     def validate(cls, state: Any, precision_cls: Any, mode: str) -> None:
@@ -155,10 +157,12 @@ class NDParallelStrategy(Strategy):
         prepared = super().setup(models, [], schedulers, device_placement, evaluation_mode, data_loaders)
         # names without the wrappers' prefixes (activation checkpointing, compile) on both sides
         new_params = [{canonical_name(n): p for n, p in m.named_parameters()} for m in prepared.models]
+        # listed experts held by ep peers are gone from this process (and from its optimizers)
+        elsewhere = {name for splits in self._experts.values() for split in splits for name in split.listed}
         for optimizer in optimizers:
             params = [p for group in optimizer.param_groups for p in group["params"]]
             if params and all(id(p) in names for p in params):
-                rebind_optimizer_parameters(optimizer, names, new_params)
+                rebind_optimizer_parameters(optimizer, names, new_params, dropped=elsewhere)
             else:
                 self.setup_optimizer(optimizer, prepared.models)
         prepared.optimizers = list(optimizers)
@@ -187,11 +191,16 @@ class NDParallelStrategy(Strategy):
             explicit = getattr(config.tp_handler, "tp_plan", None)
             plan = resolve_plan(model, model_plan(model, explicit), config.tp_size)
             apply_plan(model, plan, self._mesh["tp"])
-        experts: list[tuple[torch.nn.Module, Any]] = []
+        from accel_bigmodel.experts import find_expert_modules
+
+        has_experts = bool(find_expert_modules(model))
+        experts: list[Any] = []
         if config.ep_enabled:
             from accel_train.strategies.nd.expert_parallel import apply_expert_parallel
 
-            experts = apply_expert_parallel(model, self._mesh["ep"], self._expert_counts)
+            sharded = bool(config.expert_dp_dim_names)
+            experts = apply_expert_parallel(model, self._mesh["ep"], self._expert_counts, experts_sharded=sharded)
+            self._experts[id(model)] = experts
         fsdp_plugin = getattr(self.state, "fsdp_plugin", None)
         if fsdp_plugin is not None and fsdp_plugin.activation_checkpointing:
             fsdp2.apply_activation_checkpointing(model, fsdp_plugin)
@@ -205,9 +214,18 @@ class NDParallelStrategy(Strategy):
                 dtypes=self.precision.mixed_precision_dtypes(),
                 offload=fsdp2.offload_wanted(fsdp_plugin, self.device),
                 units=fsdp2.shard_units(model, fsdp_plugin, default_blocks=True),
-                expert_units=[module for module, _ in experts],
+                expert_units=[split.module for split in experts],
                 expert_mesh=self._sub_mesh(config.expert_dp_dim_names),
             )
+            reduce_unused = getattr(model, "set_reduce_scatter_unused_params", None)
+            if has_experts and callable(reduce_unused):
+                # an expert no token of this rank reached has no gradient here but may have one on a peer:
+                # every rank reduces (zeros for it), or the reduce-scatters would not match
+                reduce_unused(True)
+        if experts:
+            from accel_train.strategies.nd.expert_parallel import expert_local_parameters
+
+            self._ep_local_parameters |= expert_local_parameters(experts)  # after FSDP2 replaced them
         self._models.append(model)
         return model
 
@@ -239,10 +257,14 @@ class NDParallelStrategy(Strategy):
 
         parameters = [p for p in parameters if p.grad is not None]
         self.unscale_gradients(optimizers)
-        norms = []
+        norms: list[torch.Tensor] = []
+        ep_local: list[torch.Tensor] = []
         for param in parameters:
             norm = torch.linalg.vector_norm(param.grad, norm_type)
-            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+            norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+            (ep_local if id(param) in self._ep_local_parameters else norms).append(norm)
+        if ep_local or self._ep_local_parameters:  # listed experts: every ep peer holds others
+            norms.append(self._norm_over_ep(ep_local, norm_type))
         if not norms:
             return torch.tensor(0.0)
         total = torch.linalg.vector_norm(torch.stack(norms), norm_type)
@@ -252,6 +274,20 @@ class NDParallelStrategy(Strategy):
             assert grad is not None  # kept above
             grad.mul_(coefficient.to(grad.device))
         return total
+
+    def _norm_over_ep(self, norms: list[torch.Tensor], norm_type: float) -> torch.Tensor:
+        """The ``norm_type`` norm of ``norms`` (this process's listed experts) and its ``ep`` peers' together."""
+        import torch.distributed as dist
+
+        local = (
+            torch.linalg.vector_norm(torch.stack(norms), norm_type) if norms else torch.zeros((), device=self.device)
+        )
+        if norm_type == float("inf"):
+            dist.all_reduce(local, op=dist.ReduceOp.MAX, group=self._mesh["ep"].get_group())
+            return local
+        power = local.double() ** norm_type
+        dist.all_reduce(power, group=self._mesh["ep"].get_group())
+        return (power ** (1.0 / norm_type)).to(local.dtype)
 
     @contextlib.contextmanager
     def context_parallel(self, buffers: Any = None, buffer_seq_dims: Any = None, no_restore_buffers: Any = None) -> Any:
@@ -273,7 +309,14 @@ class NDParallelStrategy(Strategy):
 
     def model_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The full state dict, gathered on every rank (CPU tensors); call it on every rank."""
-        return fsdp_state.full_model_state_dict(self.unwrap_model(model, keep_torch_compile=False))
+        inner = self.unwrap_model(model, keep_torch_compile=False)
+        state = fsdp_state.full_model_state_dict(inner)
+        splits = self._experts.get(id(inner), [])
+        if any(split.listed for split in splits):
+            from accel_train.strategies.nd.expert_parallel import gather_listed_experts
+
+            state = gather_listed_experts(state, splits, self._mesh["ep"].get_group(), self.device)
+        return state
 
     def _model_of(self, optimizer: Any) -> torch.nn.Module:
         inner = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
@@ -324,8 +367,10 @@ class NDParallelStrategy(Strategy):
     def load_model_checkpoint(
         self, model: torch.nn.Module, folder: str, entry: str, device: Any, strict: bool = True
     ) -> None:
+        inner = self.unwrap_model(model, keep_torch_compile=False)
+        held_elsewhere = {name for split in self._experts.get(id(inner), []) for name in split.listed}
         fsdp_state.load_sharded_model(
-            self.unwrap_model(model, keep_torch_compile=False), os.path.join(folder, entry), io=self.checkpoint_io
+            inner, os.path.join(folder, entry), io=self.checkpoint_io, elsewhere=held_elsewhere
         )
 
     def save_optimizer_checkpoint(self, optimizer: Any, folder: str, index: int, is_writer: bool) -> str:
