@@ -367,6 +367,34 @@ def test_a_checkpoint_of_listed_experts_resumes_and_reshards(dist_pool: Distribu
         assert resharded["losses"] == pytest.approx(uninterrupted["losses"][4:], abs=1e-5)
 
 
+def rank_precision(mixed_precision: str) -> tuple[list[float], str]:
+    reset_shared_state()
+    from accel_train import Accelerator
+
+    accelerator = Accelerator(parallelism_config=ParallelismConfig(ep_size=2), mixed_precision=mixed_precision)
+    model = _build("block")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    loader = torch.utils.data.DataLoader(_batches("block"), batch_size=4)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    losses = []
+    for step, batch in enumerate(loader):
+        if step == 4:
+            break
+        loss = _loss("block", model, batch)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(accelerator.reduce(loss.detach().float(), "mean").item())
+    return losses, str(model.blocks[0].experts.up.dtype)
+
+
+def test_bf16_trains_near_float32_with_float32_expert_weights(dist_pool: DistributedPool) -> None:
+    full = dist_pool.run(rank_precision, "no")[0][0]
+    for losses, dtype in dist_pool.run(rank_precision, "bf16"):
+        assert losses == pytest.approx(full, abs=0.05) and losses != full  # computed in bf16, close
+        assert dtype == "torch.float32"  # the weights the optimizer updates stay float32
+
+
 def rank_save_model(folder: str, options: dict) -> list[str]:
     from safetensors.torch import load_file
 

@@ -8,14 +8,17 @@ sizes are checked against the process group once, with one error, and flattened 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 __all__ = ["build_mesh"]
 
 
 def build_mesh(
-    device_type: str, dims: Sequence[tuple[str, int]], flattened: Mapping[str, Sequence[str]] | None = None
+    device_type: str,
+    dims: Sequence[tuple[str, int]],
+    flattened: Mapping[str, Sequence[str]] | None = None,
+    flat_meshes: MutableMapping[str, Any] | None = None,
 ) -> Any:
     """The ``DeviceMesh`` of ``dims`` over every process of the default group.
 
@@ -24,6 +27,8 @@ def build_mesh(
         dims: ``(name, size)`` of each dimension, outermost first; sizes multiply to the world size.
         flattened: name -> the dimensions joined into one sub-mesh registered under that name (each
             listed dimension must be in ``dims``).
+        flat_meshes: filled with name -> each flattened sub-mesh, for code that uses one (torch deprecates
+            slicing a flattened dimension from the root mesh; a script's ``mesh["dp_cp"]`` still works).
 
     Raises:
         ValueError: a size below 1, a name given twice, sizes that do not multiply to the number of
@@ -52,5 +57,7 @@ def build_mesh(
     mesh = init_device_mesh(device_type, tuple(sizes), mesh_dim_names=tuple(names))
     for flat, parts in (flattened or {}).items():
         if parts:
-            mesh[tuple(parts)]._flatten(flat)
+            flat_mesh = mesh[tuple(parts)]._flatten(flat)
+            if flat_meshes is not None:
+                flat_meshes[flat] = flat_mesh
     return mesh

@@ -3,6 +3,7 @@ dimensions, from code or the launcher (``PARALLELISM_CONFIG_*``), and the per-di
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -316,9 +317,25 @@ class ParallelismConfig:
         shape = tuple(max(self._sizes[name], 1) for name in names) if self.active_mesh_dims else (self.total_size,)
         # one dimension too: scripts index mesh["dp_cp"] whatever is active
         flattened = {"dp": self.dp_dim_names, "dp_shard_cp": self.dp_shard_cp_dim_names, "dp_cp": self.dp_cp_dim_names}
-        mesh = build_mesh(device_type, list(zip(names, shape)), flattened)
+        self._flat_meshes: dict[str, Any] = {}
+        mesh = build_mesh(device_type, list(zip(names, shape)), flattened, self._flat_meshes)
         self._device_mesh = mesh
         return mesh
+
+    def sub_mesh(self, names: Sequence[str]) -> Any:
+        """The sub-mesh of the built mesh over the dimensions ``names`` (one name may be a flattened one, such
+        as ``dp_shard_cp``, kept when the mesh was built); ``None`` for no name.
+
+        Args:
+            names: dimension names, outermost first.
+        """
+        if not names:
+            return None
+        mesh = self.get_device_mesh()
+        if len(names) == 1:
+            name = names[0]
+            return getattr(self, "_flat_meshes", {}).get(name) or mesh[name]
+        return mesh[tuple(names)]
 
     def get_device_mesh(self, device_type: str | None = None) -> Any:
         """The mesh built by `build_device_mesh()` (built now for ``device_type`` if not yet).

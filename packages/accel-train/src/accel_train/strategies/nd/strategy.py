@@ -231,9 +231,7 @@ class NDParallelStrategy(Strategy):
 
     def _sub_mesh(self, names: Sequence[str]) -> Any:
         """The sub-mesh of the dimensions ``names`` (``None`` for none)."""
-        if not names:
-            return None
-        return self._mesh[tuple(names)] if len(names) > 1 else self._mesh[names[0]]
+        return self.config.sub_mesh(names)
 
     @property
     def expert_token_counts(self) -> dict[str, torch.Tensor]:
