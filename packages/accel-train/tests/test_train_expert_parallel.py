@@ -355,6 +355,15 @@ def test_a_checkpoint_resumes_exactly_and_reshards_to_another_ep_size(dist_pool:
     assert "pytorch_model_fsdp_0" in os.listdir(folder)
 
 
+def test_a_dp_shard2_x_ep2_checkpoint_resumes_with_ep4(pool4: DistributedPool, tmp_path) -> None:
+    folder = str(tmp_path / "ckpt")
+    first = pool4.run(rank_train, "block", {"dp_shard_size": 2, "ep_size": 2}, 4, {}, {"folder": folder, "save_at": 4})
+    other = pool4.run(rank_train, "block", {"ep_size": 4}, 4, {}, {"folder": folder, "load": True, "skip": 4})
+    for uninterrupted, resumed in zip(first, other):  # experts sharded 2-D (dp_shard, ep) read back over ep
+        assert resumed["losses"] == pytest.approx(uninterrupted["losses"][4:], abs=1e-5)
+        assert resumed["local_expert_numel"] == uninterrupted["local_expert_numel"]  # a quarter each, both ways
+
+
 def test_a_checkpoint_of_listed_experts_resumes_and_reshards(dist_pool: DistributedPool, tmp_path) -> None:
     folder, listed = str(tmp_path / "ckpt"), {"listed": True}
     first = dist_pool.run(rank_train, "block", {"ep_size": 2}, 4, listed, {"folder": folder, "save_at": 4})
