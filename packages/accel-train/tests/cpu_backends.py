@@ -25,6 +25,42 @@ class PlannedBlockNet(BlockNet):
     tp_plan = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"}
 
 
+class StackedExperts(torch.nn.Module):
+    """Four experts with stacked weights, of the expert-module contract (``accel_bigmodel.experts``)."""
+
+    def __init__(self, num_experts: int = 4, width: int = 8) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.up = torch.nn.Parameter(torch.randn(num_experts, 2 * width, width) * 0.3)
+        self.down = torch.nn.Parameter(torch.randn(num_experts, width, 2 * width) * 0.3)
+
+    def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
+        out = torch.zeros_like(hidden_states)
+        for expert in range(self.num_experts):
+            token, choice = torch.where(top_k_index == expert)
+            hidden = torch.relu(hidden_states[token] @ self.up[expert].T) @ self.down[expert].T
+            out.index_add_(0, token, hidden * top_k_weights[token, choice, None])
+        return out
+
+
+class ExpertBlockNet(torch.nn.Module):
+    """A projection, a mixture-of-experts block (router, top-2 of 4 stacked experts) and a head."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(4, width)
+        self.router = torch.nn.Linear(width, 4, bias=False)
+        self.experts = StackedExperts(4, width)
+        self.head = torch.nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        weights, index = torch.topk(torch.softmax(self.router(x), dim=-1), 2, dim=-1)
+        return self.head(x + self.experts(x, index, weights))
+
+
 def _mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.mse_loss(out, target)
 
@@ -39,6 +75,7 @@ class CpuBackend:
         kwargs: what the Accelerator is given (built lazily: the plugins import torch.distributed parts).
         pipeline: whether the model is a pipeline (forward takes the target and returns the loss).
         requires: why the backend cannot run here, or ``None`` when it can.
+        experts: whether the model is a mixture of experts (`ExpertBlockNet`), for expert parallelism.
     """
 
     name: str
@@ -46,6 +83,7 @@ class CpuBackend:
     kwargs: Callable[[str], dict[str, Any]]
     pipeline: bool = False
     requires: Callable[[], str | None] = lambda: None
+    experts: bool = False
 
     def accelerator(self, base: str) -> Any:
         from accel_train import Accelerator
@@ -58,7 +96,7 @@ class CpuBackend:
             return torch.nn.Sequential(
                 torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)
             )
-        return PlannedBlockNet()
+        return ExpertBlockNet() if self.experts else PlannedBlockNet()
 
     def prepare(self, accelerator: Any) -> tuple[Any, Any]:
         """The prepared model and AdamW (a data loader is prepared beside them, as DeepSpeed takes its
@@ -145,6 +183,7 @@ CPU_BACKENDS: list[CpuBackend] = [
     CpuBackend("zero3", "deepspeed", _zero(3), requires=_deepspeed_missing),
     CpuBackend("tp", "nd_parallel", _parallelism(tp_size=2)),
     CpuBackend("pipeline", "pipeline", _parallelism(pp_size=2), pipeline=True),
+    CpuBackend("ep", "nd_parallel", _parallelism(ep_size=2), experts=True),
 ]
 BACKENDS_BY_NAME = {backend.name: backend for backend in CPU_BACKENDS}
 

@@ -13,6 +13,7 @@ with its settings (tensor or pipeline parallelism over 2) is resumed by a plain 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -27,8 +28,8 @@ pytestmark = pytest.mark.slow
 #: filled by the 2-process test and read by the 1-process one (the same file, so the same test worker).
 _SAVED: dict[str, tuple[str, dict[str, torch.Tensor]]] = {}
 
-#: Backends whose settings need 2 processes: resumed on one process by a plain run.
-_NEEDS_TWO = {"tp", "pipeline"}
+#: Backends whose settings need 2 processes: resumed on one process by a plain run (of the same model).
+_NEEDS_TWO = {"tp", "pipeline", "ep"}
 
 
 @pytest.fixture
@@ -84,7 +85,9 @@ def test_a_resumed_run_equals_the_uninterrupted_one(pool, tmp_path, backend: str
 def rank_resume_alone(backend: str, folder: str, base: str) -> dict:
     """One process loads the 2-process checkpoint ``folder`` and trains the two steps that followed it."""
     reset_shared_state()
-    spec = BACKENDS_BY_NAME["ddp" if backend in _NEEDS_TWO else backend]
+    spec = BACKENDS_BY_NAME[backend]
+    if backend in _NEEDS_TWO:
+        spec = dataclasses.replace(BACKENDS_BY_NAME["ddp"], experts=spec.experts)
     accelerator = spec.accelerator(base)
     model, optimizer = spec.prepare(accelerator)
     before = spec.state(accelerator, model)
