@@ -327,7 +327,8 @@ def slow(session: nox.Session) -> None:
     """Before a release, what CI leaves out for time: the crash-safety tests killed at every file-system
     step of a save, not only at the commit steps and a spread of the rest (``ACCEL_KILL_POINTS=all``),
     and the end-to-end cases marked ``release``, which repeat a case CI runs on another process count
-    or variant (``ACCEL_RELEASE_TESTS=1``; each marker names the case that covers it in CI)."""
+    or variant (``ACCEL_RELEASE_TESTS=1``; each marker names the case that covers it in CI), and the
+    N -> M resharding of every backend in the table (CI runs the backends that shard differently)."""
     _install_clients(session)
     session.install(
         *_constraints(), f"{DISTS['accel-bigmodel']['path']}[test]", f"{DISTS['accel-train']['path']}[test]"
@@ -336,8 +337,11 @@ def slow(session: nox.Session) -> None:
     tests = [
         DISTS["accel-bigmodel"]["path"] / "tests" / "test_bigmodel_checkpoint_safety.py",
         DISTS["accel-train"]["path"] / "tests" / "test_checkpoint_kill.py",
+        DISTS["accel-train"]["path"] / "tests" / "test_contract_resume.py",  # every backend's N -> M resharding
     ]
-    _pytest(session, "slow", *[str(path) for path in tests], env={"ACCEL_KILL_POINTS": "all"})
+    _pytest(
+        session, "slow", *[str(path) for path in tests], env={"ACCEL_KILL_POINTS": "all", "ACCEL_RELEASE_TESTS": "1"}
+    )
     release = ["-m", "release", "-n", "2", "--dist", "load", str(ROOT / "integration_tests")]
     _pytest(session, "slow-release", *release, env={"ACCEL_RELEASE_TESTS": "1"})
 

@@ -8,6 +8,7 @@ backend; a backend added here gets every such test.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -164,6 +165,12 @@ def _parallelism(**sizes: Any) -> Callable[[str], dict[str, Any]]:
         from accel_train.parallelism_config import ParallelismConfig
 
         given = dict(sizes)
+        world = int(os.environ.get("WORLD_SIZE", "1"))  # the pool's size (its group starts with the Accelerator)
+        product = 1
+        for size in given.values():
+            product *= size
+        if world > product and world % product == 0:  # more processes: the extra factor shards data
+            given["dp_shard_size"] = given.get("dp_shard_size", 1) * (world // product)
         if given.get("pp_size", 1) > 1:
             given["pp_handler"] = PipelineParallelConfig(num_microbatches=2, loss_fn=_mse)
         return {"parallelism_config": ParallelismConfig(**given)}
