@@ -164,7 +164,7 @@ def _check_record(record: dict[str, Any] | None, label: str, steps: int, log_pat
             f"to it (call accelerator.backward instead of loss.backward; its output: {log_path})"
         )
     if not record.get("complete"):
-        done = len(record.get("steps", ()))
+        done = int(record.get("first_step") or 1) - 1 + len(record.get("steps", ()))
         raise VerifyError(
             f"the {label} run ended after {done} of the {steps} optimizer steps asked for: give a smaller "
             f"--steps or more data (its output: {log_path})"
