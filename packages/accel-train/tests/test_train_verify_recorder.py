@@ -280,3 +280,18 @@ def test_a_resume_point_that_is_missing_is_named(tmp_path) -> None:
     (tmp_path / "resume.json").write_text('{"step": "two"}')
     with pytest.raises(ValueError, match=r"is not a resume point"):
         ResumePoint.read(str(tmp_path))
+
+
+def test_the_resume_point_is_saved_in_verify_s_folder_even_with_automatic_checkpoint_naming(
+    tmp_path, monkeypatch
+) -> None:
+    from accel_train import ProjectConfiguration
+
+    _resume_env(monkeypatch, tmp_path, "saving", 3, ACCEL_VERIFY_SAVE_AT="1")
+    project = ProjectConfiguration(project_dir=str(tmp_path / "project"), automatic_checkpoint_naming=True)
+    accelerator = Accelerator(cpu=True, project_config=project)
+    with pytest.raises(SystemExit):
+        _resumable_run(accelerator)
+    point = json.loads((tmp_path / "resume" / "resume.json").read_text())
+    assert point["checkpoint"] == str(tmp_path / "resume" / "state") and os.path.isdir(point["checkpoint"])
+    assert not (tmp_path / "project" / "checkpoints").exists() and project.automatic_checkpoint_naming is True

@@ -249,10 +249,15 @@ class VerifyRecorder:
         )
         previous = accelerator._rewind_active_loader
         accelerator._rewind_active_loader = previous or moved
+        # into verify's folder, not the project's numbered checkpoints (which automatic naming would pick),
+        # and written before the run goes on (the resumed launch reads it once this one has ended)
+        config = accelerator.project_configuration
+        automatic, config.automatic_checkpoint_naming = config.automatic_checkpoint_naming, False
         try:
-            folder = accelerator.save_state(os.path.join(str(self.resume_dir), "state"))
+            folder = accelerator.save_state(os.path.join(str(self.resume_dir), "state"), async_save=False)
         finally:
             accelerator._rewind_active_loader = previous
+            config.automatic_checkpoint_naming = automatic
         if accelerator.is_main_process:
             ResumePoint(int(self.save_at or 0), str(folder), pending["counts"]).write(str(self.resume_dir))
         accelerator.wait_for_everyone()
