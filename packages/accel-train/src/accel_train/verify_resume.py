@@ -16,8 +16,6 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 __all__ = ["ResumePoint", "load_with_positions", "prepared_counts", "save_loader_positions"]
 
 #: The description of the resume point, written by the main process of the saving run.
@@ -91,8 +89,10 @@ def _loader_file(folder: str, rank: int) -> str:
 def save_loader_positions(accelerator: Any, folder: str) -> list[dict[str, Any] | None]:
     """Write, for this process, the ``state_dict()`` of each prepared data loader (``None`` for a loader
     without one) as it stands now, the end of the step to resume after; return them."""
+    from accel_train.checkpoint.file_io import save_torch
+
     states = [loader.state_dict() if hasattr(loader, "state_dict") else None for loader in accelerator._dataloaders]
-    torch.save(states, _loader_file(folder, accelerator.process_index))
+    save_torch(states, _loader_file(folder, accelerator.process_index))
     return states
 
 
@@ -106,7 +106,9 @@ def load_with_positions(accelerator: Any, checkpoint: str, folder: str) -> int:
     the saving run stood). During the load, loaders that opted in to ``replay_epoch_on_resume`` do not
     rewind to their epoch's start: nothing in an unchanged script would skip the replayed batches.
     """
-    states = torch.load(_loader_file(folder, accelerator.process_index), weights_only=True)
+    from accel_train.checkpoint.file_io import load_torch
+
+    states = load_torch(_loader_file(folder, accelerator.process_index))
     positioned = 0
     for loader, state in zip(accelerator._dataloaders, states):
         if state is not None and hasattr(loader, "load_state_dict"):
