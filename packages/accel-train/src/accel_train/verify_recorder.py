@@ -296,7 +296,7 @@ class VerifyRecorder:
         models = list(accelerator._models)
         for index, model in enumerate(models):
             prefix = "" if len(models) == 1 else f"model{index}."
-            for name, value in accelerator.get_state_dict(model).items():
+            for name, value in self._full_state_dict(model).items():
                 if isinstance(value, torch.Tensor):
                     weights[prefix + name] = value.detach().to("cpu", torch.float32).contiguous()
         if accelerator.is_main_process:
@@ -306,6 +306,18 @@ class VerifyRecorder:
         self._write(complete=True)
         accelerator.wait_for_everyone()
         raise SystemExit(0)
+
+    def _full_state_dict(self, model: Any) -> dict[str, Any]:
+        """The whole state dict of ``model`` on every process. Under ZeRO-3 it is gathered here whatever the
+        16-bit export setting (``get_state_dict`` refuses without it, and the run must not need it)."""
+        accelerator = self.accelerator
+        if accelerator.distributed_type.name == "DEEPSPEED":
+            engine = accelerator._strategy._engine_of(model)
+            if engine is not None and engine.zero_optimization_stage() >= 3:
+                from accel_train.strategies.deepspeed.zero3_state import gather_zero3_state_dict
+
+                return gather_zero3_state_dict(engine.module)
+        return accelerator.get_state_dict(model)
 
     def _write(self, complete: bool) -> None:
         if not self.accelerator.is_main_process:
