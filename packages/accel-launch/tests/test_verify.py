@@ -141,6 +141,19 @@ def test_the_ddp_reference_keeps_processes_and_precision_and_drops_the_layout() 
     assert env == {"HOME": "/h", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "2"}
 
 
+def test_the_reference_reads_what_the_run_s_data_parallel_ranks_read() -> None:
+    # tp 2 on 4 processes: 2 data-parallel ranks (tensor-parallel peers read the same batches)
+    plan = _plan(["--cpu", "--num_processes", "4", "--use_parallelism_config", "--parallelism_config_tp_size", "2"])
+    argv = reference_argv(plan, "ddp", {"cpu": True}, "/tmp/empty.json", data_parallel=2)
+    assert argv[2:4] == ["--num_processes", "2"]
+    assert reference_argv(plan, "single", {"cpu": True}, "/tmp/empty.json", data_parallel=2)[2:4] == [
+        "--num_processes",
+        "1",
+    ]
+    env = reference_env({"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "2"}, plan, "single", data_parallel=2)
+    assert env == {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4"}
+
+
 def test_an_unknown_reference_or_several_machines_is_refused() -> None:
     plan = SimpleNamespace(num_machines=1, num_processes=2, values={}, env={})
     with pytest.raises(VerifyError, match="unknown reference 'fsdp': choose one of ddp, single"):

@@ -72,6 +72,7 @@ def test_records_each_optimizer_step_then_ends_the_run(tmp_path, monkeypatch) ->
     assert ended.value.code == 0
     record = json.loads(path.read_text())
     assert record["complete"] is True and record["backward_calls"] == 4
+    assert record["num_processes"] == 1 and record["data_parallel_size"] == 1
     assert [step["step"] for step in record["steps"]] == [1, 2]
     assert all(step["lr"] == pytest.approx(0.1) and step["grad_norm"] > 0 for step in record["steps"])
     weights = torch.load(str(path) + ".params.pt", weights_only=True)

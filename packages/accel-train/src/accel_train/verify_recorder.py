@@ -331,6 +331,7 @@ class VerifyRecorder:
             "resumed_by": self.resume,
             "backward_calls": self.backward_calls,
             "num_processes": self.accelerator.num_processes,
+            "data_parallel_size": _data_parallel_size(self.accelerator),
             "distributed_type": self.accelerator.distributed_type.name,
             "mixed_precision": str(self.accelerator.mixed_precision),
             "steps": self.records,
@@ -340,6 +341,14 @@ class VerifyRecorder:
         with open(partial, "w", encoding="utf-8") as handle:
             json.dump(record, handle, indent=1)
         os.replace(partial, self.path)
+
+
+def _data_parallel_size(accelerator: Any) -> int:
+    """How many processes read different batches (``dp_replicate`` x ``dp_shard`` x ``ep``): tensor, context
+    and pipeline peers read the same ones, so the reference runs that many processes, not the world size."""
+    dims = getattr(getattr(accelerator, "_strategy", None), "parallel_dims", None)
+    size = getattr(dims, "data_parallel_size", None)
+    return int(size) if isinstance(size, int) else int(accelerator.num_processes)
 
 
 def _number(value: Any) -> float | None:

@@ -97,7 +97,6 @@ def _verify(args: argparse.Namespace, folder: str) -> VerifyResult:
     config_path = os.path.join(folder, "reference_config.json")
     with open(config_path, "w", encoding="utf-8") as handle:
         json.dump({"compute_environment": "LOCAL_MACHINE"}, handle)
-    ref_argv = reference_argv(plan, reference, flags, config_path)
     script = [args.training_script, *args.training_script_args]
     resume_at, resume_args = getattr(args, "resume_at", None), getattr(args, "resume_args", None)
     resume_dir = os.path.join(folder, "resume")
@@ -107,7 +106,11 @@ def _verify(args: argparse.Namespace, folder: str) -> VerifyResult:
 
         run_env.update(requested_env(resume_at, resume_dir))
     run = run_once("requested", flags_to_argv(flags), script, steps, folder, run_env)
-    ref = run_once("reference", ref_argv, script, steps, folder, reference_env(os.environ, plan, reference))
+    # the reference reads the batches the requested run read: as many readers as it had data-parallel ranks
+    data_parallel = int(run.record.get("data_parallel_size") or plan.num_processes)
+    ref_argv = reference_argv(plan, reference, flags, config_path, data_parallel)
+    ref_env = reference_env(os.environ, plan, reference, data_parallel)
+    ref = run_once("reference", ref_argv, script, steps, folder, ref_env)
     precision = looser_precision(run.record.get("mixed_precision"), ref.record.get("mixed_precision"))
     tolerance = tolerance_for(precision, args.rtol, args.atol)
     comparison = _compare(run, ref, tolerance, steps)
@@ -123,7 +126,9 @@ def _verify(args: argparse.Namespace, folder: str) -> VerifyResult:
     run_label = (
         "accel launch " + " ".join(run.launch_argv) if run.launch_argv else "accel launch (config file defaults)"
     )
-    ref_label = f"{reference} on {1 if reference == 'single' else plan.num_processes} process(es)"
+    ref_label = f"{reference} on {1 if reference == 'single' else data_parallel} process(es)"
+    if data_parallel != plan.num_processes:
+        ref_label += ", one per data-parallel rank of the run"
     text = format_report(comparison, run_label, ref_label, resume)
     agree = comparison.agree and (resume is None or resume[0].agree)
     if args.json_path:
