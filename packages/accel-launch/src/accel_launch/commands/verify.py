@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # typing is not imported at run time: `accel --help` stays fa
 
 DESCRIPTION = (
     "Run a script for a few optimizer steps with the given launch configuration and with a reference "
-    "(plain DDP on the same processes), and compare the loss, gradient norm, learning rate and final "
+    "(plain DDP reading the same batches), and compare the loss, gradient norm, learning rate and final "
     "parameters step by step. Exit 0: they agree; 1: they differ; 2: a run could not start."
 )
 
@@ -30,8 +30,8 @@ def _add_verify_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     group.add_argument(
         "--reference",
         default="ddp",
-        help="What to compare with: ddp (plain DDP on the same number of processes) or single (one process "
-        "accumulating over that many micro-batches). Default: ddp.",
+        help="What to compare with: ddp (plain DDP, one process per data-parallel rank of the run) or single "
+        "(one process accumulating over that many micro-batches). Default: ddp.",
     )
     group.add_argument("--rtol", type=float, default=None, help="Relative tolerance (default: by precision).")
     group.add_argument("--atol", type=float, default=None, help="Absolute tolerance (default: by precision).")

@@ -37,7 +37,7 @@ def verify(
         script_args: its arguments.
         launch_args: ``accel launch`` options, as on the command line (``["--use_fsdp", "--num_processes", "2"]``).
         steps: optimizer steps to run and compare.
-        reference: ``"ddp"`` (plain DDP on the same processes) or ``"single"``.
+        reference: ``"ddp"`` (plain DDP, one process per data-parallel rank of the run) or ``"single"``.
         rtol: relative tolerance (``None``: by precision).
         atol: absolute tolerance (``None``: by precision).
         json_path: where to write the comparison and both records (``None``: nowhere).
