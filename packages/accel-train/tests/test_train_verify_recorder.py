@@ -175,19 +175,26 @@ def _resume_env(monkeypatch, tmp_path, label: str, steps: int, **extra: str) -> 
     return path
 
 
-def _save_then_resume(tmp_path, monkeypatch, *, accumulate: int = 1, zero_grad_first: bool = False, **resumed):
+def _save_then_resume(
+    tmp_path, monkeypatch, *, accumulate: int = 1, zero_grad_first: bool = False, loader: str = "default", **resumed
+):
+    from accel_data import DataLoaderConfiguration
     from accel_state.testing import reset_shared_state
+
+    def accelerator() -> Accelerator:
+        config = DataLoaderConfiguration(
+            use_stateful_dataloader=loader == "stateful", replay_epoch_on_resume=loader == "replay"
+        )
+        return Accelerator(cpu=True, gradient_accumulation_steps=accumulate, dataloader_config=config)
 
     saving = _resume_env(monkeypatch, tmp_path, "saving", 4, ACCEL_VERIFY_SAVE_AT="2")
     with pytest.raises(SystemExit):
-        _resumable_run(Accelerator(cpu=True, gradient_accumulation_steps=accumulate), zero_grad_first=zero_grad_first)
+        _resumable_run(accelerator(), zero_grad_first=zero_grad_first)
     reset_shared_state()
     mode = "script" if "resume" in resumed else "recorder"
     resumed_path = _resume_env(monkeypatch, tmp_path, "resumed", 4, ACCEL_VERIFY_RESUME=mode)
     with pytest.raises(SystemExit):
-        _resumable_run(
-            Accelerator(cpu=True, gradient_accumulation_steps=accumulate), zero_grad_first=zero_grad_first, **resumed
-        )
+        _resumable_run(accelerator(), zero_grad_first=zero_grad_first, **resumed)
     return json.loads(saving.read_text()), json.loads(resumed_path.read_text()), saving, resumed_path
 
 
@@ -197,12 +204,17 @@ def _same_steps(first: list[dict], second: list[dict]) -> bool:
     )
 
 
-@pytest.mark.parametrize(("accumulate", "zero_grad_first"), [(1, False), (2, False), (1, True)])
+@pytest.mark.parametrize(
+    ("accumulate", "zero_grad_first", "loader"),
+    [(1, False, "default"), (2, False, "default"), (1, True, "default"), (1, False, "stateful"), (1, False, "replay")],
+)
 def test_the_recorder_resumes_a_script_that_does_not_resume_by_itself(
-    tmp_path, monkeypatch, accumulate: int, zero_grad_first: bool
+    tmp_path, monkeypatch, accumulate: int, zero_grad_first: bool, loader: str
 ) -> None:
+    # stateful: load_state puts the loader back by itself; replay: load_state would rewind it to its epoch's
+    # start, which an unchanged script does not skip (the recorder keeps the saved position)
     saving, resumed, saving_path, resumed_path = _save_then_resume(
-        tmp_path, monkeypatch, accumulate=accumulate, zero_grad_first=zero_grad_first
+        tmp_path, monkeypatch, accumulate=accumulate, zero_grad_first=zero_grad_first, loader=loader
     )
     point = json.loads((tmp_path / "resume" / "resume.json").read_text())
     assert point["step"] == 2 and os.path.isdir(point["checkpoint"])
