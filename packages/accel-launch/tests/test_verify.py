@@ -141,6 +141,19 @@ def test_the_ddp_reference_keeps_processes_and_precision_and_drops_the_layout() 
     assert env == {"HOME": "/h", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "2"}
 
 
+def test_the_reference_reads_what_the_run_s_data_parallel_ranks_read() -> None:
+    # tp 2 on 4 processes: 2 data-parallel ranks (tensor-parallel peers read the same batches)
+    plan = _plan(["--cpu", "--num_processes", "4", "--use_parallelism_config", "--parallelism_config_tp_size", "2"])
+    argv = reference_argv(plan, "ddp", {"cpu": True}, "/tmp/empty.json", data_parallel=2)
+    assert argv[2:4] == ["--num_processes", "2"]
+    assert reference_argv(plan, "single", {"cpu": True}, "/tmp/empty.json", data_parallel=2)[2:4] == [
+        "--num_processes",
+        "1",
+    ]
+    env = reference_env({"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "2"}, plan, "single", data_parallel=2)
+    assert env == {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4"}
+
+
 def test_an_unknown_reference_or_several_machines_is_refused() -> None:
     plan = SimpleNamespace(num_machines=1, num_processes=2, values={}, env={})
     with pytest.raises(VerifyError, match="unknown reference 'fsdp': choose one of ddp, single"):
@@ -159,6 +172,16 @@ def test_an_unknown_reference_or_several_machines_is_refused() -> None:
         (["--reference", "fsdp"], "unknown reference 'fsdp': choose one of ddp, single"),
         (["--dry_run"], "--dry_run does not run the script"),
         (["--rtol", "-1"], "--rtol must be a finite number >= 0, got -1.0"),
+        (
+            ["--steps", "3", "--resume-at", "0"],
+            "--resume-at must be a step from 1 to 2 (before the last of --steps 3), got 0",
+        ),
+        (
+            ["--steps", "3", "--resume-at", "3"],
+            "--resume-at must be a step from 1 to 2 (before the last of --steps 3), got 3",
+        ),
+        (["--resume-args=--resume {checkpoint}"], "--resume-args needs --resume-at K"),
+        (["--resume-at", "1", "--resume-args", "--resume 'x"], '--resume-args "--resume \'x" cannot be split'),
     ],
 )
 def test_bad_input_is_one_line_and_exit_status_2(argv: list[str], message: str, capsys, tmp_path) -> None:
@@ -178,7 +201,7 @@ def test_help_runs_as_a_module_and_names_the_verify_options() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "accel_launch.commands.verify", "--help"], capture_output=True, text=True, check=True
     ).stdout
-    for option in ("--steps", "--reference", "--rtol", "--atol", "--json PATH", "--use_fsdp"):
+    for option in ("--steps", "--reference", "--rtol", "--atol", "--json PATH", "--resume-at K", "--resume-args ARGS"):
         assert option in out
 
 
@@ -222,3 +245,67 @@ def test_the_tolerance_follows_the_precision_the_runs_recorded() -> None:
     assert looser_precision("no", "bf16") == "bf16"
     assert looser_precision("fp16", "bf16") == "bf16"
     assert looser_precision("no", None) == "no" and looser_precision("unknown") == "no"
+
+
+# -- --resume-at: the resumed launch and its comparison ---------------------------------------------------
+
+
+def test_the_resumed_run_is_resumed_by_the_recorder_unless_the_script_is_given_arguments(tmp_path) -> None:
+    from accel_launch.verify.resume import resume_launch_args
+
+    env, words = resume_launch_args(str(tmp_path), None)
+    assert env == {"ACCEL_VERIFY_RESUME_DIR": str(tmp_path), "ACCEL_VERIFY_RESUME": "recorder"} and words == []
+    (tmp_path / "resume.json").write_text('{"step": 2, "checkpoint": "/w/resume/state", "counts": {}}')
+    env, words = resume_launch_args(str(tmp_path), "--resume_from {checkpoint} --skip-steps={step} '{x}'")
+    assert env["ACCEL_VERIFY_RESUME"] == "script"
+    assert words == ["--resume_from", "/w/resume/state", "--skip-steps=2", "{x}"]
+
+
+def test_a_missing_resume_point_is_named(tmp_path) -> None:
+    from accel_launch.verify.resume import resume_launch_args
+
+    with pytest.raises(VerifyError, match=r"left no resume point .*resume.json.*--resume-at"):
+        resume_launch_args(str(tmp_path), "--resume {checkpoint}")
+
+
+def test_the_resumed_steps_are_compared_with_the_same_steps_of_the_uninterrupted_run() -> None:
+    from accel_launch.verify.resume import compare_resumed
+
+    uninterrupted = _record([1.0, 0.9, 0.8, 0.7])
+    resumed = {
+        "steps": [
+            {"step": 3, "loss": 0.8, "grad_norm": 1.0, "lr": 0.01},
+            {"step": 4, "loss": 0.75, "grad_norm": 1.0, "lr": 0.01},
+        ]
+    }
+    params = {"w": torch.ones(2)}
+    comparison = compare_resumed(uninterrupted, resumed, params, {"w": torch.tensor([1.0, 1.5])}, TIGHT, 2, 4)
+    assert [row["step"] for row in comparison.rows] == [3, 4]
+    lines = [d.line(comparison.against) for d in comparison.divergences]
+    assert lines[0].startswith("first divergence: loss at step 4: 0.75 vs uninterrupted 0.7")
+    assert lines[-1].startswith(
+        "first divergence: parameters after step 4: 1 of 1 tensors differ; largest difference in w"
+    )
+
+
+def test_the_report_shows_the_resumed_run_in_a_section_of_its_own() -> None:
+    from accel_launch.verify.resume import compare_resumed
+
+    agree = compare_steps(_record([1.0, 0.9, 0.8]), _record([1.0, 0.9, 0.8]), TIGHT)
+    resumed = compare_resumed(
+        _record([1.0, 0.9, 0.8]),
+        {"steps": [{"step": 3, "loss": 0.5, "grad_norm": 1.0, "lr": 0.01}]},
+        {},
+        {},
+        TIGHT,
+        2,
+        3,
+    )
+    text = format_report(
+        agree, "accel launch --num_processes 2", "ddp on 2 process(es)", (resumed, "saved after step 2")
+    )
+    lines = text.splitlines()
+    assert "accel verify: resumed: saved after step 2" in lines
+    assert any(line.startswith("resume: step  loss (resumed vs uninterrupted)") for line in lines)
+    assert any(line.startswith("resume: first divergence: loss at step 3: 0.5 vs uninterrupted 0.8") for line in lines)
+    assert lines[-1] == "accel verify: the runs differ"

@@ -322,7 +322,14 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         for index, obj in enumerate(args):  # objects prepared before: registered, returned as they are
             if result[index] is obj and (_is_prepared(obj) or _is_wrapper(obj)):
                 self._remember(obj)
+        self._verify_prepared()
         return result[0] if len(result) == 1 else tuple(result)
+
+    def _verify_prepared(self) -> None:
+        """Tell the `accel verify` recorder that objects were prepared (a resumed run loads its state once
+        the script has prepared what the saving run had); nothing outside `accel verify`."""
+        if self._verify is not None:
+            self._verify.after_prepare()
 
     def _placement(self, value: bool | None) -> bool:
         return self.device_placement if value is None else bool(value)
@@ -409,7 +416,9 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         self._check_device_map(model)
         self._check_weights_loaded(model, evaluation_mode)
         prepared = self._strategy.setup([model], [], [], [self._placement(device_placement)], evaluation_mode)
-        return self._register_model(prepared.models[0])
+        registered = self._register_model(prepared.models[0])
+        self._verify_prepared()
+        return registered
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> Any:
         """Wrap the optimizer so it steps only on sync steps, through the precision (gradient scaler).
@@ -426,7 +435,9 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
             self._remember(optimizer)
             return optimizer
         prepared = self._strategy.setup([], [optimizer], [], [])
-        return self._register_optimizer(prepared.optimizers[0], self._placement(device_placement))
+        registered = self._register_optimizer(prepared.optimizers[0], self._placement(device_placement))
+        self._verify_prepared()
+        return registered
 
     def prepare_scheduler(self, scheduler: Any) -> Any:
         """Wrap the scheduler so it follows the optimizer's real steps.
@@ -441,7 +452,9 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
             self._remember(scheduler)
             return scheduler
         prepared = self._strategy.setup([], [], [scheduler], [])
-        return self._register_scheduler(prepared.schedulers[0])
+        registered = self._register_scheduler(prepared.schedulers[0])
+        self._verify_prepared()
+        return registered
 
     def prepare_data_loader(
         self, data_loader: Any, device_placement: bool | None = None, slice_fn_for_dispatch: Any = None
@@ -479,6 +492,7 @@ class Accelerator(AcceleratorAttributes, ProcessOperations, Checkpointer, Tracke
         )
         _mark_prepared(prepared)
         self._dataloaders.append(prepared)
+        self._verify_prepared()
         return prepared
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:

@@ -110,6 +110,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         """
         if self.gradient_state.sync_gradients:
             self.optimizer.zero_grad(set_to_none=set_to_none)
+        if self._verify_hook is not None:  # `accel verify --resume-at` saves here, at the end of a step
+            self._verify_hook.on_zero_grad()
 
     def train(self) -> None:
         """Switch schedule-free optimizers to training mode (no-op for others)."""

@@ -1,7 +1,8 @@
 """``accel verify``: run a script with a launch configuration and with plain DDP, and compare them.
 
 ``accel verify [launch options] script.py [script args]`` takes every ``accel launch`` option, plus its
-own: ``--steps``, ``--reference``, ``--rtol``, ``--atol`` and ``--json`` (which here names the file for
+own: ``--steps``, ``--reference``, ``--rtol``, ``--atol``, ``--resume-at``, ``--resume-args`` and
+``--json`` (which here names the file for
 the record; ``accel launch``'s ``--json`` belongs to ``--dry_run``, which verify does not take).
 Parsing and help import no torch. Runnable as ``python -m accel_launch.commands.verify``.
 """
@@ -18,7 +19,7 @@ if TYPE_CHECKING:  # typing is not imported at run time: `accel --help` stays fa
 
 DESCRIPTION = (
     "Run a script for a few optimizer steps with the given launch configuration and with a reference "
-    "(plain DDP on the same processes), and compare the loss, gradient norm, learning rate and final "
+    "(plain DDP reading the same batches), and compare the loss, gradient norm, learning rate and final "
     "parameters step by step. Exit 0: they agree; 1: they differ; 2: a run could not start."
 )
 
@@ -29,11 +30,28 @@ def _add_verify_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     group.add_argument(
         "--reference",
         default="ddp",
-        help="What to compare with: ddp (plain DDP on the same number of processes) or single (one process "
-        "accumulating over that many micro-batches). Default: ddp.",
+        help="What to compare with: ddp (plain DDP, one process per data-parallel rank of the run) or single "
+        "(one process accumulating over that many micro-batches). Default: ddp.",
     )
     group.add_argument("--rtol", type=float, default=None, help="Relative tolerance (default: by precision).")
     group.add_argument("--atol", type=float, default=None, help="Absolute tolerance (default: by precision).")
+    group.add_argument(
+        "--resume-at",
+        dest="resume_at",
+        type=int,
+        default=None,
+        metavar="K",
+        help="Also check a resume: the run saves after step K (1 <= K < --steps), a third launch of the same "
+        "configuration resumes there, and its steps K+1..N must equal the run's.",
+    )
+    group.add_argument(
+        "--resume-args",
+        dest="resume_args",
+        default=None,
+        metavar="ARGS",
+        help="With --resume-at: the script resumes by itself, given these extra arguments in the resumed "
+        "launch ({checkpoint}: the saved folder, {step}: K). Default: the Accelerator loads the state for it.",
+    )
     group.add_argument(
         "--json", dest="json_path", metavar="PATH", default=None, help="Write the comparison and both records here."
     )

@@ -27,6 +27,8 @@ def verify(
     rtol: float | None = None,
     atol: float | None = None,
     json_path: str | None = None,
+    resume_at: int | None = None,
+    resume_args: str | None = None,
 ) -> VerifyResult:
     """Run ``accel verify`` from Python (a notebook, a test suite) and return its result.
 
@@ -35,10 +37,14 @@ def verify(
         script_args: its arguments.
         launch_args: ``accel launch`` options, as on the command line (``["--use_fsdp", "--num_processes", "2"]``).
         steps: optimizer steps to run and compare.
-        reference: ``"ddp"`` (plain DDP on the same processes) or ``"single"``.
+        reference: ``"ddp"`` (plain DDP, one process per data-parallel rank of the run) or ``"single"``.
         rtol: relative tolerance (``None``: by precision).
         atol: absolute tolerance (``None``: by precision).
         json_path: where to write the comparison and both records (``None``: nowhere).
+        resume_at: also save after this step, resume in a third launch and compare the steps after it with
+            the uninterrupted run (``None``: no resume check).
+        resume_args: with ``resume_at``, the script resumes by itself given these extra arguments
+            (``{checkpoint}``, ``{step}`` filled in); ``None``: the Accelerator loads the state for it.
 
     Returns:
         A `VerifyResult`: ``exit_code`` (0 agree, 1 differ, 2 a run failed or bad input), ``report``
@@ -54,6 +60,10 @@ def verify(
         argv += ["--atol", str(atol)]
     if json_path is not None:
         argv += ["--json", str(json_path)]
+    if resume_at is not None:
+        argv += ["--resume-at", str(resume_at)]
+    if resume_args is not None:
+        argv += [f"--resume-args={resume_args}"]
     parser = verify_parser()
     try:
         args = parser.parse_args([*argv, script, *script_args])

@@ -108,12 +108,12 @@ class Divergence:
     reference: float | None
     detail: str = ""
 
-    def line(self) -> str:
-        """The report's line for this divergence."""
+    def line(self, against: str = "reference") -> str:
+        """The report's line for this divergence (``against``: what the run was compared with)."""
         if self.quantity == "parameters":
             return f"first divergence: parameters after step {self.step}: {self.detail}"
         return (
-            f"first divergence: {self.quantity} at step {self.step}: {_fmt(self.run)} vs reference "
+            f"first divergence: {self.quantity} at step {self.step}: {_fmt(self.run)} vs {against} "
             f"{_fmt(self.reference)} (|diff| {_fmt(abs(_num(self.run) - _num(self.reference)))}){self.detail}"
         )
 
@@ -128,6 +128,7 @@ class Comparison:
         divergences: the first divergence of each quantity that diverges, by step.
         parameter_diffs: per parameter, the largest absolute difference after the last step.
         notes: what could not be compared and why.
+        against: what the run was compared with, as the divergence lines name it.
     """
 
     tolerance: Tolerance
@@ -135,6 +136,7 @@ class Comparison:
     divergences: list[Divergence] = field(default_factory=list)
     parameter_diffs: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    against: str = "reference"
 
     @property
     def agree(self) -> bool:
@@ -153,7 +155,7 @@ class Comparison:
                 }
                 for row in self.rows
             ],
-            "divergences": [d.line() for d in self.divergences],
+            "divergences": [d.line(self.against) for d in self.divergences],
             "parameter_max_abs_diff": self.parameter_diffs,
             "notes": self.notes,
         }

@@ -34,6 +34,8 @@ class VerifyResult:
         report: the text printed (the table and the divergences, or the error line).
         comparison: the step-by-step comparison (``None`` when a run failed).
         error: the error line when ``exit_code`` is 2.
+        records: what each run recorded (``run``, ``reference`` and, with ``--resume-at``, ``resumed``).
+        resume: with ``--resume-at``, the resumed run against the uninterrupted one.
     """
 
     exit_code: int
@@ -41,6 +43,7 @@ class VerifyResult:
     comparison: Comparison | None = None
     error: str | None = None
     records: dict[str, Any] = field(default_factory=dict)
+    resume: Comparison | None = None
 
     @property
     def agree(self) -> bool:
@@ -78,6 +81,9 @@ def _check_input(args: argparse.Namespace) -> None:
         tolerance_for("no", args.rtol, args.atol)
     except ValueError as error:
         raise VerifyError(str(error)) from None
+    from accel_launch.verify.resume import check_resume_options
+
+    check_resume_options(getattr(args, "resume_at", None), steps, getattr(args, "resume_args", None))
 
 
 def _verify(args: argparse.Namespace, folder: str) -> VerifyResult:
@@ -91,28 +97,78 @@ def _verify(args: argparse.Namespace, folder: str) -> VerifyResult:
     config_path = os.path.join(folder, "reference_config.json")
     with open(config_path, "w", encoding="utf-8") as handle:
         json.dump({"compute_environment": "LOCAL_MACHINE"}, handle)
-    ref_argv = reference_argv(plan, reference, flags, config_path)
     script = [args.training_script, *args.training_script_args]
-    run = run_once("requested", flags_to_argv(flags), script, steps, folder, os.environ)
-    ref = run_once("reference", ref_argv, script, steps, folder, reference_env(os.environ, plan, reference))
+    resume_at, resume_args = getattr(args, "resume_at", None), getattr(args, "resume_args", None)
+    resume_dir = os.path.join(folder, "resume")
+    run_env = dict(os.environ)
+    if resume_at is not None:
+        from accel_launch.verify.resume import requested_env
+
+        run_env.update(requested_env(resume_at, resume_dir))
+    run = run_once("requested", flags_to_argv(flags), script, steps, folder, run_env)
+    # the reference reads the batches the requested run read: as many readers as it had data-parallel ranks
+    data_parallel = int(run.record.get("data_parallel_size") or plan.num_processes)
+    ref_argv = reference_argv(plan, reference, flags, config_path, data_parallel)
+    ref_env = reference_env(os.environ, plan, reference, data_parallel)
+    ref = run_once("reference", ref_argv, script, steps, folder, ref_env)
     precision = looser_precision(run.record.get("mixed_precision"), ref.record.get("mixed_precision"))
-    comparison = _compare(run, ref, tolerance_for(precision, args.rtol, args.atol), steps)
+    tolerance = tolerance_for(precision, args.rtol, args.atol)
+    comparison = _compare(run, ref, tolerance, steps)
+    records = {"run": run.record, "reference": ref.record}
+    resume = None
+    if resume_at is not None:
+        resumed, resume_comparison = _resume(run, script, steps, folder, resume_dir, resume_at, resume_args, tolerance)
+        records["resumed"] = resumed.record
+        how = "the script's own resume, given " + repr(resume_args) if resume_args is not None else "the recorder"
+        resume = (resume_comparison, f"saved after step {resume_at}, loaded by {how}, steps {resume_at + 1}-{steps}")
     from accel_launch.verify.report import format_report
 
     run_label = (
         "accel launch " + " ".join(run.launch_argv) if run.launch_argv else "accel launch (config file defaults)"
     )
-    ref_label = f"{reference} on {1 if reference == 'single' else plan.num_processes} process(es)"
-    text = format_report(comparison, run_label, ref_label)
-    records = {"run": run.record, "reference": ref.record}
+    ref_label = f"{reference} on {1 if reference == 'single' else data_parallel} process(es)"
+    if data_parallel != plan.num_processes:
+        ref_label += ", one per data-parallel rank of the run"
+    text = format_report(comparison, run_label, ref_label, resume)
+    agree = comparison.agree and (resume is None or resume[0].agree)
     if args.json_path:
+        saved = {**comparison.to_dict(), "steps_requested": steps, "reference": reference, "records": records}
+        if resume is not None:
+            saved["resume"] = {"at": resume_at, "resume_args": resume_args, **resume[0].to_dict()}
+            saved["result"] = "agree" if agree else "differ"
         with open(args.json_path, "w", encoding="utf-8") as handle:
-            json.dump(
-                {**comparison.to_dict(), "steps_requested": steps, "reference": reference, "records": records},
-                handle,
-                indent=1,
-            )
-    return VerifyResult(AGREE if comparison.agree else DIFFER, text, comparison, records=records)
+            json.dump(saved, handle, indent=1)
+    return VerifyResult(AGREE if agree else DIFFER, text, comparison, records=records, resume=resume and resume[0])
+
+
+def _resume(
+    run: RunResult,
+    script: list[str],
+    steps: int,
+    folder: str,
+    resume_dir: str,
+    resume_at: int,
+    resume_args: str | None,
+    tolerance: Any,
+) -> tuple[RunResult, Comparison]:
+    """Launch the requested configuration again, resuming after step ``resume_at``; compare it with ``run``."""
+    import torch
+
+    from accel_launch.verify.resume import compare_resumed, resume_launch_args
+    from accel_launch.verify.runs import run_once
+
+    env, extra = resume_launch_args(resume_dir, resume_args)
+    resumed = run_once("resumed", run.launch_argv, [*script, *extra], steps, folder, {**os.environ, **env})
+    comparison = compare_resumed(
+        run.record,
+        resumed.record,
+        torch.load(run.params_path, weights_only=True),
+        torch.load(resumed.params_path, weights_only=True),
+        tolerance,
+        resume_at,
+        steps,
+    )
+    return resumed, comparison
 
 
 def _plan(args: argparse.Namespace) -> Any:

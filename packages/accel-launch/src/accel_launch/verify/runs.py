@@ -81,13 +81,17 @@ def flags_to_argv(flags: Mapping[str, Any]) -> list[str]:
     return argv
 
 
-def reference_argv(plan: Any, reference: str, flags: Mapping[str, Any], config_path: str) -> list[str]:
+def reference_argv(
+    plan: Any, reference: str, flags: Mapping[str, Any], config_path: str, data_parallel: int | None = None
+) -> list[str]:
     """The launch flags of the reference run of a requested launch ``plan``.
 
-    ``ddp``: plain data parallelism on the same number of processes. ``single``: one process that
-    accumulates gradients over as many micro-batches as the requested run has processes. Both keep the
-    requested mixed precision, CPU choice, port and threads; ``config_path`` is an empty config file,
-    so that the default config file (which may choose FSDP) is not read.
+    ``ddp``: plain data parallelism on as many processes as the requested run has data-parallel ranks
+    (``data_parallel``, as its record says: tensor, context and pipeline peers read the same batches, so
+    ``tp 2`` on 4 processes is compared with DDP on 2; ``None``: every process). ``single``: one process
+    that accumulates gradients over that many micro-batches. Both keep the requested mixed precision,
+    CPU choice, port and threads; ``config_path`` is an empty config file, so that the default config
+    file (which may choose FSDP) is not read.
 
     Raises:
         VerifyError: an unknown reference, or a launch over several machines.
@@ -96,7 +100,7 @@ def reference_argv(plan: Any, reference: str, flags: Mapping[str, Any], config_p
         raise VerifyError(f"unknown reference {reference!r}: choose one of {', '.join(REFERENCES)}")
     if plan.num_machines != 1:
         raise VerifyError(f"accel verify runs on one machine; the launch asks for {plan.num_machines} machines")
-    processes = plan.num_processes if reference == "ddp" else 1
+    processes = (data_parallel or plan.num_processes) if reference == "ddp" else 1
     argv = ["--config_file", config_path, "--num_processes", str(processes)]
     argv += ["--mixed_precision", str(plan.values.get("mixed_precision") or "no")]
     if str(plan.env.get("ACCELERATE_USE_CPU", "")).lower() == "true" or flags.get("cpu"):
@@ -107,13 +111,16 @@ def reference_argv(plan: Any, reference: str, flags: Mapping[str, Any], config_p
     return argv
 
 
-def reference_env(environ: Mapping[str, str], plan: Any, reference: str) -> dict[str, str]:
+def reference_env(
+    environ: Mapping[str, str], plan: Any, reference: str, data_parallel: int | None = None
+) -> dict[str, str]:
     """The environment of the reference run: the user's, without the variables that choose a layout; for
-    ``single``, gradient accumulation over the requested run's process count."""
+    ``single``, gradient accumulation over the requested run's data-parallel ranks (``data_parallel``;
+    ``None``: its process count)."""
     env = {key: value for key, value in environ.items() if not key.startswith(_LAYOUT_PREFIXES)}
     if reference == "single":
         steps = int(environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "1") or 1)
-        env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = str(steps * plan.num_processes)
+        env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = str(steps * (data_parallel or plan.num_processes))
     return env
 
 
@@ -164,7 +171,7 @@ def _check_record(record: dict[str, Any] | None, label: str, steps: int, log_pat
             f"to it (call accelerator.backward instead of loss.backward; its output: {log_path})"
         )
     if not record.get("complete"):
-        done = len(record.get("steps", ()))
+        done = int(record.get("first_step") or 1) - 1 + len(record.get("steps", ()))
         raise VerifyError(
             f"the {label} run ended after {done} of the {steps} optimizer steps asked for: give a smaller "
             f"--steps or more data (its output: {log_path})"

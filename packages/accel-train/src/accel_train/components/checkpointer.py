@@ -80,6 +80,7 @@ class Checkpointer(AsyncSaves):
     precision: Any
     step: int
     _rewind_active_loader: bool = False
+    _verify: Any = None  # the `accel verify` recorder (see Accelerator)
     #: What differed between the run that saved the last checkpoint ``load_state`` read and this run (an
     #: accel extension): one `CheckpointDifference` per setting, empty when they agree or nothing was loaded.
     checkpoint_differences: tuple[resume_diff.CheckpointDifference, ...] = ()
@@ -113,6 +114,8 @@ class Checkpointer(AsyncSaves):
                 f"these do not: {', '.join(invalid)}"
             )
         self._custom_objects.extend(objects)
+        if self._verify is not None:
+            self._verify.after_prepare()
 
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, weights, output_dir)`` in ``save_state`` before the files are written.
@@ -504,6 +507,8 @@ class Checkpointer(AsyncSaves):
         if config.continue_numbering_on_load:  # accel's opt-in; as documented, loading leaves it alone
             config.iteration = numbering.continued_iteration(config.iteration, input_dir)
         logger.info("loaded state from %s", folder)
+        if self._verify is not None:  # `accel verify --resume-at` follows the script's own resume
+            self._verify.on_load_state()
 
     def _report_differences(self, manifest: dict[str, Any] | None) -> None:
         """Compare the checkpoint's manifest with this run: one INFO line per difference (on the main process),

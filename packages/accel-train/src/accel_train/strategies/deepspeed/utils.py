@@ -302,11 +302,14 @@ class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
         self._reports_overflow = hasattr(optimizer, "overflow")
 
     def zero_grad(self, set_to_none: bool | None = None) -> None:
-        """Nothing: the engine zeroes gradients at its step.
+        """Nothing: the engine zeroes gradients at its step (under `accel verify --resume-at`, the end of a
+        step, where the recorder may save).
 
         Args:
             set_to_none: Accepted for the optimizer signature; unused. Defaults to `None`.
         """
+        if self._verify_hook is not None:
+            self._verify_hook.on_zero_grad()
 
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         """Nothing: ``accelerator.backward`` steps the engine at accumulation boundaries. Under
