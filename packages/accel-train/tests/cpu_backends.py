@@ -29,11 +29,11 @@ class PlannedBlockNet(BlockNet):
 class StackedExperts(torch.nn.Module):
     """Four experts with stacked weights, of the expert-module contract (``accel_bigmodel.experts``)."""
 
-    def __init__(self, num_experts: int = 4, width: int = 8) -> None:
+    def __init__(self, num_experts: int = 4, width: int = 8, hidden: int = 16) -> None:
         super().__init__()
         self.num_experts = num_experts
-        self.up = torch.nn.Parameter(torch.randn(num_experts, 2 * width, width) * 0.3)
-        self.down = torch.nn.Parameter(torch.randn(num_experts, width, 2 * width) * 0.3)
+        self.up = torch.nn.Parameter(torch.randn(num_experts, hidden, width) * 0.3)
+        self.down = torch.nn.Parameter(torch.randn(num_experts, width, hidden) * 0.3)
 
     def forward(
         self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor

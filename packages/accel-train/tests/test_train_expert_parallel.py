@@ -10,6 +10,7 @@ import os
 
 import pytest
 import torch
+from cpu_backends import StackedExperts  # a user's expert module of the documented contract
 
 from accel_state.testing import DistributedPool, DistributedTestFailure, reset_shared_state
 from accel_train.parallelism_config import ParallelismConfig
@@ -18,25 +19,6 @@ from accel_train.strategies.base import ParallelDims
 STEPS = 8
 
 # -- models ---------------------------------------------------------------------------------------------
-
-
-class StackedExperts(torch.nn.Module):
-    """A user's expert module of the documented contract: ``num_experts`` and stacked parameters."""
-
-    def __init__(self, num_experts: int = 4, width: int = 8, hidden: int = 12) -> None:
-        super().__init__()
-        self.num_experts = num_experts
-        self.up = torch.nn.Parameter(torch.randn(num_experts, hidden, width) * 0.3)
-        self.down = torch.nn.Parameter(torch.randn(num_experts, width, hidden) * 0.3)
-
-    def forward(self, hidden_states, top_k_index, top_k_weights):
-        out = torch.zeros_like(hidden_states)
-        for expert in range(self.num_experts):
-            token, choice = torch.where(top_k_index == expert)
-            if token.numel():
-                h = torch.relu(hidden_states[token] @ self.up[expert].T) @ self.down[expert].T
-                out.index_add_(0, token, h * top_k_weights[token, choice, None])
-        return out
 
 
 class ListedExperts(torch.nn.Module):
@@ -67,7 +49,7 @@ class MoEBlock(torch.nn.Module):
     def __init__(self, num_experts: int = 4, listed: bool = False, force: int | None = None) -> None:
         super().__init__()
         self.router = torch.nn.Linear(8, num_experts, bias=False)
-        self.experts = ListedExperts(num_experts) if listed else StackedExperts(num_experts)
+        self.experts = ListedExperts(num_experts) if listed else StackedExperts(num_experts, 8, 12)
         self.force = force
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
