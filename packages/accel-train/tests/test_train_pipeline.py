@@ -220,7 +220,7 @@ def test_what_the_pipeline_does_not_combine_with_is_refused_by_name() -> None:
             None,
             "no",
         )
-    with pytest.raises(NotImplementedError, match="mixed_precision='fp16' needs a gradient scaler"):
+    with pytest.raises(ValueError, match="mixed_precision='fp16' needs a gradient scaler"):
         PipelineStrategy.validate(state(pp_size=2, dp_replicate_size=2), None, "fp16")
     with pytest.raises(ValueError, match="multiply to 2"):
         PipelineStrategy.validate(state(pp_size=2), None, "no")

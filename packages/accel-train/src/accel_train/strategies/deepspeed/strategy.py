@@ -116,6 +116,12 @@ class DeepSpeedStrategy(Strategy):
         import_deepspeed()
         for plugin in (state.deepspeed_plugins or {}).values():
             dsc.resolve_mixed_precision(copy.deepcopy(plugin.deepspeed_config), str(mode))
+        device = getattr(getattr(state, "device", None), "type", None)
+        if str(mode) == "fp16" and device == "cpu":
+            raise ValueError(
+                "mixed_precision='fp16' cannot run with the deepspeed strategy on CPU: DeepSpeed's CPU accelerator "
+                "has no fp16 (it would refuse it when the engine is built); use 'bf16' or 'no' on CPU"
+            )
         sp_size = _sp_size(state)
         if sp_size > 1:
             from accel_train.strategies.deepspeed import sequence_parallel

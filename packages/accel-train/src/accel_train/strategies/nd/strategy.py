@@ -108,9 +108,9 @@ class NDParallelStrategy(Strategy):
 
     @classmethod
     def grad_scaler_factory(cls) -> Any:
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+        from accel_train.strategies.nd.grad_scaler import MeshGradScaler
 
-        return ShardedGradScaler
+        return MeshGradScaler
 
     # -- facts ----------------------------------------------------------------------------------------
 
