@@ -8,9 +8,12 @@ real ``accelerate`` is not (``nox -s clients`` installs them, pinned)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import importlib.util
 import json
+import pathlib
+import shutil
 import sys
 from typing import Any
 
@@ -67,16 +70,42 @@ RELEASE_ONLY = {
 }
 
 
+# trl-sft-1-resume resumes from the checkpoint of step 3 that the lr-step run of trl-sft-1 (below) writes before
+# its perturbation (after step 4), as a run stopped after step 3 writes it: one start of the client stack (about
+# 12 CPU-s) fewer than a stopped run of its own. Both cases go to one xdist worker (nox -s clients: --dist
+# loadgroup), where the module fixture runs once.
+SHARED_WITH_LR_STEP = "trl-sft-1-resume"
+LR_STEP_GROUP = pytest.mark.xdist_group("trl-sft-1-lr-step")
+
+
+@pytest.fixture(scope="module")
+def sft_1_lr_step(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, dict[str, Any]]:
+    """trl-sft-1 with one learning-rate step too many after step 4: its folder and its figures."""
+    case = next(c for c in cases.CASES if c.name == "trl-sft-1")
+    workdir = tmp_path_factory.mktemp("trl-sft-1-lr-step")
+    return workdir, cases.run(case, sys.executable, workdir, on_accel=True, env={"CLIENT_PERTURB": "lr-step"})
+
+
 def _case_param(case: cases.Case) -> Any:
     covered_by = RELEASE_ONLY.get(case.name)
     marks = [pytest.mark.release(covered_by=covered_by)] if covered_by else []
+    if case.name == SHARED_WITH_LR_STEP:
+        marks.append(LR_STEP_GROUP)
     return pytest.param(case, marks=marks, id=case.name)
 
 
 @pytest.mark.timeout(1800)  # a few tiny steps, but each run starts the whole client stack
 @pytest.mark.parametrize("case", [_case_param(case) for case in cases.CASES])
-def test_client_on_accel_gives_the_documented_systems_figures(case: cases.Case, tmp_path) -> None:
+def test_client_on_accel_gives_the_documented_systems_figures(
+    case: cases.Case, tmp_path: pathlib.Path, request: pytest.FixtureRequest
+) -> None:
     record = _record(case)
+    if case.name == SHARED_WITH_LR_STEP:
+        # the stopped run's only product is checkpoint-3 (sft-stop writes no figures): taken from the lr-step run
+        assert case.runs == (("cut", "sft-stop"), ("cut", "sft-resume")), case.runs
+        lr_step_folder, _ = request.getfixturevalue("sft_1_lr_step")
+        shutil.copytree(lr_step_folder / "full" / "checkpoint-3", tmp_path / "cut" / "checkpoint-3")
+        case = dataclasses.replace(case, runs=case.runs[1:])
     ours = cases.run(case, sys.executable, tmp_path, on_accel=True)
     found = _differences(case, ours, record)
     assert not found, "\n".join(found)
@@ -92,12 +121,23 @@ PERTURBED = [
 ]
 
 
+def _perturbed_param(name: str, perturbation: str, caught_in: str) -> Any:
+    marks = [LR_STEP_GROUP] if (name, perturbation) == ("trl-sft-1", "lr-step") else []
+    return pytest.param(name, perturbation, caught_in, marks=marks, id=f"{name}-{perturbation}")
+
+
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("name,perturbation,caught_in", PERTURBED, ids=[f"{n}-{p}" for n, p, _ in PERTURBED])
-def test_a_changed_training_step_fails_the_comparison(name: str, perturbation: str, caught_in: str, tmp_path) -> None:
+@pytest.mark.parametrize("name,perturbation,caught_in", [_perturbed_param(*p) for p in PERTURBED])
+def test_a_changed_training_step_fails_the_comparison(
+    name: str, perturbation: str, caught_in: str, tmp_path: pathlib.Path, request: pytest.FixtureRequest
+) -> None:
     case = next(c for c in cases.CASES if c.name == name)
     record = _record(case)
-    ours = cases.run(case, sys.executable, tmp_path, on_accel=True, env={"CLIENT_PERTURB": perturbation})
+    if (name, perturbation) == ("trl-sft-1", "lr-step"):
+        _, ours = request.getfixturevalue("sft_1_lr_step")  # its checkpoint-3 serves trl-sft-1-resume
+    else:
+        ours = cases.run(case, sys.executable, tmp_path, on_accel=True, env={"CLIENT_PERTURB": perturbation})
+    print(name, perturbation, "largest deviations:", compare.spread(ours, record["figures"], case.tolerance))
     found = _differences(case, ours, record)
     assert any(caught_in in line for line in found), "\n".join(found) or "no difference found"
     if perturbation == "ema-update":  # the model itself trained as recorded: only the EMA is off
