@@ -241,8 +241,9 @@ def _install_clients(session: nox.Session) -> None:
 
 def _clients(session: nox.Session) -> None:
     _install_clients(session)
-    # each case mostly waits on the client stack it starts: two workers, any case to either, but the
-    # cases of one xdist_group (sharing a module fixture's run) to the same one
+    # each case mostly waits on the client stack it starts: two workers, any case to either. A run that
+    # several cases read is made once under a file lock by the first worker that needs it (pytest 9 with
+    # pytest-xdist 3.8 ignores xdist_group: the group suffix goes to item._nodeid, which pytest 9 no longer reads)
     _pytest(session, "clients", "-n", "2", "--dist", "loadgroup", str(ROOT / "integration_tests" / "clients"))
     # accel-train's tests that need transformers beside DeepSpeed / tensor parallelism (skipped in its
     # own session, which has no transformers)

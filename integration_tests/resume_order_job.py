@@ -2,8 +2,10 @@
 
 Run as ``resume_order_job.py PHASE FOLDER SAVE_EPOCH SAVE_STEP [seedable] [stateful] [replay]`` on accel, or with
 ``RESUME_ORDER_LIB=accelerate`` on the documented system (``tools/record_resume_order_reference.py``
-records its figures there). ``save`` runs three epochs of a shuffled loader and saves the state after
-``SAVE_STEP`` batches of epoch ``SAVE_EPOCH``; ``resume`` loads that state and goes on as the
+records its figures there). More cases may follow, each after a ``--`` (``FOLDER SAVE_EPOCH SAVE_STEP
+[options]``): the process runs them one after another, each from ``set_seed(0)`` with an ``Accelerator``
+and a loader of its own, so that one launch serves several cases. ``save`` runs three epochs of a
+shuffled loader and saves the state after ``SAVE_STEP`` batches of epoch ``SAVE_EPOCH``; ``resume`` loads that state and goes on as the
 documented checkpointing guide does: ``skip_first_batches`` for the rest of the interrupted epoch, the
 prepared loader after it (with ``stateful``, ``use_stateful_dataloader=True``: the loader alone). Each process writes ``FOLDER/PHASE.RANK.json``: one ``[epoch, step, batch,
 draw]`` per step, ``draw`` a number taken from torch's generator at the step (as dropout would).
@@ -60,9 +62,8 @@ def read_logs(folder: str, processes: int) -> dict[str, dict[str, list]]:
     return logs
 
 
-def main() -> None:
-    phase, folder, save_epoch, save_step = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    options = set(sys.argv[5:])
+def run(phase: str, folder: str, save_epoch: int, save_step: int, options: set[str]) -> Accelerator:
+    """One case's phase; returns its ``Accelerator`` (the caller ends the training)."""
     config = {"use_seedable_sampler": "seedable" in options, "use_stateful_dataloader": "stateful" in options}
     if "replay" in options:
         config["replay_epoch_on_resume"] = True  # accel's opt-in (the documented system has none)
@@ -86,6 +87,21 @@ def main() -> None:
                 accelerator.save_state(checkpoint)
     with open(os.path.join(folder, f"{phase}.{accelerator.process_index}.json"), "w") as handle:
         json.dump(log, handle)
+    return accelerator
+
+
+def main() -> None:
+    phase, rest = sys.argv[1], sys.argv[2:]
+    cases: list[list[str]] = [[]]
+    for arg in rest:
+        if arg == "--":
+            cases.append([])
+        else:
+            cases[-1].append(arg)
+    accelerator = None
+    for folder, save_epoch, save_step, *options in cases:
+        accelerator = run(phase, folder, int(save_epoch), int(save_step), set(options))
+    assert accelerator is not None
     accelerator.end_training()
 
 

@@ -9,6 +9,10 @@ order, and the random numbers after it, are the documented system's. With accel'
 ``replay_epoch_on_resume=True`` the resumed run instead continues the uninterrupted one exactly, and
 so does it with the documented ``use_stateful_dataloader=True`` (where Accelerate 1.15's resumed order
 parts from its uninterrupted run: recorded, not copied).
+
+The two-process cases share their launches: one ``save`` launch runs every case's save, one after another in
+the same processes (each from ``set_seed(0)`` with an ``Accelerator`` and a loader of its own, in a folder of
+its own), and one ``resume`` launch every resume; each test then checks its own case's logs.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import json
 import pathlib
 import sys
+from collections.abc import Callable
 
 import pytest
 from conftest import ROOT, accel_command, run_command
@@ -27,15 +32,57 @@ REFERENCE = json.loads((ROOT / "integration_tests" / "reference" / "resume_order
 
 def run_case(folder: pathlib.Path, processes: int, epoch: int, step: int, options: tuple[str, ...]) -> dict:
     """Both phases of a case on accel: {phase: {rank: log}}."""
+    return run_cases({"case": (processes, epoch, step, options)}, folder)["case"]
+
+
+def run_cases(cases: dict[str, tuple[int, int, int, tuple[str, ...]]], folder: pathlib.Path) -> dict[str, dict]:
+    """Both phases of cases of one process count on accel, one launch per phase for all of them (each case
+    from ``set_seed(0)`` with an Accelerator and a loader of its own, in ``folder/NAME``): {name: {phase: {rank: log}}}."""
+    (processes,) = {case[0] for case in cases.values()}
     launch = (
         [sys.executable, JOB]
         if processes == 1
         else [*accel_command(), "launch", "--cpu", "--num_processes", str(processes), JOB]
     )
+    args: list[str] = []
+    for name, (_, epoch, step, options) in cases.items():
+        (folder / name).mkdir(parents=True)
+        args += [*(["--"] if args else []), str(folder / name), str(epoch), str(step), *options]
     for phase in PHASES:
-        done = run_command([*launch, phase, str(folder), str(epoch), str(step), *options], timeout=300)
+        done = run_command([*launch, phase, *args], timeout=300)
         assert done.returncode == 0, (phase, (done.stdout + done.stderr)[-4000:])
-    return read_logs(str(folder), processes)
+    return {name: read_logs(str(folder / name), processes) for name in cases}
+
+
+#: Every two-process case of this file: two launches (save, resume) for all of them, not two per case. Each
+#: launch starts three interpreters that import torch (the launcher and two workers): most of a case's time.
+#: The opt-ins first: the replay case's save and resume are the first of their processes, as alone; a resumed
+#: run that leaned on something an earlier case left in the process would differ from the figures it is
+#: compared with (recorded, or its own uninterrupted run), not match them.
+TWO_PROCESS_CASES = {
+    name: case for name, case in {**REPLAY_CASES, **STATEFUL_CASES, **REFERENCE_CASES}.items() if case[0] == 2
+}
+
+
+@pytest.fixture(scope="module")
+def two_process_figures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    return run_cases(TWO_PROCESS_CASES, tmp_path_factory.mktemp("two-processes"))
+
+
+FiguresOf = Callable[[str, dict], dict]
+
+
+@pytest.fixture
+def figures_of(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> FiguresOf:
+    """``figures_of(name, cases)``: the case's figures (a two-process case's from the shared launches)."""
+
+    def get(name: str, cases: dict) -> dict:
+        processes, epoch, step, options = cases[name]
+        if processes == 2:
+            return request.getfixturevalue("two_process_figures")[name]
+        return run_case(tmp_path, processes, epoch, step, options)
+
+    return get
 
 
 def _reference_cases() -> list:
@@ -51,9 +98,8 @@ def _reference_cases() -> list:
 
 
 @pytest.mark.parametrize("name", _reference_cases())
-def test_the_resumed_run_reads_what_the_documented_system_reads(tmp_path: pathlib.Path, name: str) -> None:
-    processes, epoch, step, options = REFERENCE_CASES[name]
-    figures = run_case(tmp_path, processes, epoch, step, options)
+def test_the_resumed_run_reads_what_the_documented_system_reads(figures_of: FiguresOf, name: str) -> None:
+    figures = figures_of(name, REFERENCE_CASES)
     expected = REFERENCE["cases"][name]
     for phase in PHASES:
         for rank, log in expected[phase].items():
@@ -80,15 +126,15 @@ def _opt_in_cases(cases: dict) -> list:
 
 
 @pytest.mark.parametrize("name", _opt_in_cases(REPLAY_CASES))
-def test_the_replay_opt_in_continues_the_uninterrupted_run(tmp_path: pathlib.Path, name: str) -> None:
-    processes, epoch, step, options = REPLAY_CASES[name]
-    _continues(run_case(tmp_path, processes, epoch, step, options), processes, epoch, step)
+def test_the_replay_opt_in_continues_the_uninterrupted_run(figures_of: FiguresOf, name: str) -> None:
+    processes, epoch, step, _ = REPLAY_CASES[name]
+    _continues(figures_of(name, REPLAY_CASES), processes, epoch, step)
 
 
 @pytest.mark.parametrize("name", _opt_in_cases(STATEFUL_CASES))
-def test_the_stateful_opt_in_continues_the_uninterrupted_run(tmp_path: pathlib.Path, name: str) -> None:
-    processes, epoch, step, options = STATEFUL_CASES[name]
-    figures = run_case(tmp_path, processes, epoch, step, options)
+def test_the_stateful_opt_in_continues_the_uninterrupted_run(figures_of: FiguresOf, name: str) -> None:
+    processes, epoch, step, _ = STATEFUL_CASES[name]
+    figures = figures_of(name, STATEFUL_CASES)
     _continues(figures, processes, epoch, step)
     if processes > 1:  # sharded, the loader owns its generator in both systems: the same uninterrupted run
         assert figures["save"] == REFERENCE["cases"][name]["save"]

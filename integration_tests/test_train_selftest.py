@@ -5,6 +5,7 @@ from __future__ import annotations
 import pathlib
 import sys
 
+import pytest
 from conftest import run_command
 
 
@@ -33,6 +34,13 @@ def test_accel_test_two_processes(tmp_path: pathlib.Path) -> None:
     assert "Test is a success!" in text
 
 
+# Before a release only (nox -s slow): the two-process case runs the same command through a config file and
+# `accel launch`, with the same seven checks under bf16; accel-train's own session runs those checks in one
+# process (distributed type NO) in every CI run.
+@pytest.mark.release(
+    covered_by="test_accel_test_two_processes and "
+    "packages/accel-train/tests/test_train_commands.py::test_self_test_passes_in_one_process"
+)
 def test_accel_test_single_process(tmp_path: pathlib.Path) -> None:
     result = run_command(
         [sys.executable, "-m", "accel_train.commands.test", "--config_file", str(_config(tmp_path, 1))], timeout=600

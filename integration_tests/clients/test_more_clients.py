@@ -8,9 +8,14 @@ real ``accelerate`` is not (``nox -s clients`` installs them, pinned)."""
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
 import importlib.metadata
 import importlib.util
 import json
+import os
+import pathlib
+import shutil
 import sys
 from typing import Any
 
@@ -67,6 +72,30 @@ RELEASE_ONLY = {
 }
 
 
+# trl-sft-1-resume resumes from the checkpoint of step 3 that the lr-step run of trl-sft-1 (below) writes before
+# its perturbation (after step 4), as a run stopped after step 3 writes it: one start of the client stack (about
+# 12 CPU-s) fewer than a stopped run of its own. The lr-step run is made once per test run, whichever
+# pytest-xdist worker asks first (the other waits for it on a lock and reads the same files), as conftest's
+# `uninterrupted` run: xdist_group does not hold with this pytest (9.x names items by `_id`, which the
+# group suffix of pytest-xdist 3.8 does not change).
+SHARED_WITH_LR_STEP = "trl-sft-1-resume"
+
+
+@pytest.fixture(scope="session")
+def sft_1_lr_step(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, dict[str, Any]]:
+    """trl-sft-1 with one learning-rate step too many after step 4: its folder and its figures."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "trl-sft-1-lr-step"
+    with open(f"{folder}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = folder / "figures.json"
+        if not done.exists():
+            case = next(c for c in cases.CASES if c.name == "trl-sft-1")
+            ours = cases.run(case, sys.executable, folder, on_accel=True, env={"CLIENT_PERTURB": "lr-step"})
+            done.write_text(json.dumps(ours))
+    return folder, json.loads(done.read_text())
+
+
 def _case_param(case: cases.Case) -> Any:
     covered_by = RELEASE_ONLY.get(case.name)
     marks = [pytest.mark.release(covered_by=covered_by)] if covered_by else []
@@ -75,8 +104,16 @@ def _case_param(case: cases.Case) -> Any:
 
 @pytest.mark.timeout(1800)  # a few tiny steps, but each run starts the whole client stack
 @pytest.mark.parametrize("case", [_case_param(case) for case in cases.CASES])
-def test_client_on_accel_gives_the_documented_systems_figures(case: cases.Case, tmp_path) -> None:
+def test_client_on_accel_gives_the_documented_systems_figures(
+    case: cases.Case, tmp_path: pathlib.Path, request: pytest.FixtureRequest
+) -> None:
     record = _record(case)
+    if case.name == SHARED_WITH_LR_STEP:
+        # the stopped run's only product is checkpoint-3 (sft-stop writes no figures): taken from the lr-step run
+        assert case.runs == (("cut", "sft-stop"), ("cut", "sft-resume")), case.runs
+        lr_step_folder, _ = request.getfixturevalue("sft_1_lr_step")
+        shutil.copytree(lr_step_folder / "full" / "checkpoint-3", tmp_path / "cut" / "checkpoint-3")
+        case = dataclasses.replace(case, runs=case.runs[1:])
     ours = cases.run(case, sys.executable, tmp_path, on_accel=True)
     found = _differences(case, ours, record)
     assert not found, "\n".join(found)
@@ -94,10 +131,16 @@ PERTURBED = [
 
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("name,perturbation,caught_in", PERTURBED, ids=[f"{n}-{p}" for n, p, _ in PERTURBED])
-def test_a_changed_training_step_fails_the_comparison(name: str, perturbation: str, caught_in: str, tmp_path) -> None:
+def test_a_changed_training_step_fails_the_comparison(
+    name: str, perturbation: str, caught_in: str, tmp_path: pathlib.Path, request: pytest.FixtureRequest
+) -> None:
     case = next(c for c in cases.CASES if c.name == name)
     record = _record(case)
-    ours = cases.run(case, sys.executable, tmp_path, on_accel=True, env={"CLIENT_PERTURB": perturbation})
+    if (name, perturbation) == ("trl-sft-1", "lr-step"):
+        _, ours = request.getfixturevalue("sft_1_lr_step")  # its checkpoint-3 serves trl-sft-1-resume
+    else:
+        ours = cases.run(case, sys.executable, tmp_path, on_accel=True, env={"CLIENT_PERTURB": perturbation})
+    print(name, perturbation, "largest deviations:", compare.spread(ours, record["figures"], case.tolerance))
     found = _differences(case, ours, record)
     assert any(caught_in in line for line in found), "\n".join(found) or "no difference found"
     if perturbation == "ema-update":  # the model itself trained as recorded: only the EMA is off

@@ -98,7 +98,7 @@ def perturbation() -> str | None:
     """The change of one training step asked for by ``CLIENT_PERTURB`` (None: the run as written).
 
     Only the test of the comparison sets it, to show that a real difference in training is caught:
-    ``lr-step`` (one more learning-rate scheduler step after optimizer step 2), ``skip-batch`` (the
+    ``lr-step`` (one more learning-rate scheduler step after optimizer step 4), ``skip-batch`` (the
     second batch is not trained on), ``ema-update`` (the EMA update after step 2 is dropped).
     """
     value = os.environ.get("CLIENT_PERTURB") or None

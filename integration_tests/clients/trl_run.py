@@ -32,10 +32,12 @@ class StopAfterStep3(TrainerCallback):
 
 
 class Perturb(TrainerCallback):
-    """``CLIENT_PERTURB=lr-step``: one more learning-rate scheduler step after optimizer step 2."""
+    """``CLIENT_PERTURB=lr-step``: one more learning-rate scheduler step after optimizer step 4, once the
+    checkpoint of step 3 is written (a perturbed run leaves it as the unperturbed run does: the test resumes
+    trl-sft-1-resume from it)."""
 
     def on_step_end(self, args, state, control, lr_scheduler=None, **kwargs):  # type: ignore[no-untyped-def]
-        if state.global_step == 2 and tiny.perturbation() == "lr-step":
+        if state.global_step == 4 and tiny.perturbation() == "lr-step":
             lr_scheduler.step()
         return control
 

@@ -262,6 +262,9 @@ def _mount(path: str, options: str):
         subprocess.run(["umount", "-l", path], capture_output=True)
 
 
+# A save under a file-size limit runs in a process of its own (the limit is the process's); the other saves of
+# these tests, which fail on the folder they write into, run in this one (_save_here): the same save, and no
+# interpreter to start.
 _SAVE_SCRIPT = """
 import os, resource, signal, sys, torch
 from accel_train import Accelerator
@@ -289,6 +292,22 @@ def _save(folder: str, seed: int, limit: int | None = None) -> str:
     return result.stdout
 
 
+def _save_here(folder: str, seed: int) -> str:
+    """``_SAVE_SCRIPT``'s save (no limit) in this process; what the script would print."""
+    accelerator = _accelerator(False)
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(256, 256)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    model(torch.randn(2, 256)).sum().backward()
+    optimizer.step()
+    try:
+        accelerator.save_state(folder)
+    except OSError as error:
+        return f"ERROR {error}"
+    return "SAVED"
+
+
 def _weights(folder: str) -> torch.Tensor:
     from accel_train.checkpoint.file_io import load_weights
 
@@ -307,7 +326,7 @@ def test_save_to_read_only_folder_names_path_and_reason(tmp_path) -> None:
         context = contextlib.nullcontext(target)
         reason = "Permission denied"
     with context:
-        out = _save(os.path.join(target, "ckpt"), 0)
+        out = _save_here(os.path.join(target, "ckpt"), 0)
         assert out.startswith("ERROR") and reason in out and target in out, out
         assert os.listdir(target) == []
 
@@ -322,13 +341,13 @@ def test_save_on_full_disk_names_path_and_reason_and_keeps_previous(tmp_path, ki
     with context:
         os.makedirs(base, exist_ok=True)
         folder = os.path.join(base, "ckpt")
-        assert _save(folder, 0).startswith("SAVED")
+        assert _save_here(folder, 0).startswith("SAVED")
         previous = _weights(folder)
         if kind == "disk_full":
             stats = os.statvfs(base)
             with open(os.path.join(base, "filler"), "wb") as handle:  # leave less than a checkpoint free
                 handle.write(b"\0" * (stats.f_bavail * stats.f_frsize - 300 * 1024))
-            out = _save(folder, 1)
+            out = _save_here(folder, 1)
             assert "No space left on device" in out, out
         else:
             out = _save(folder, 1, limit=100_000)
