@@ -162,6 +162,10 @@ def test_a_script_that_skips_the_seen_batches_twice_after_resuming_is_caught_at_
     assert result.stdout.strip().endswith("accel verify: the runs differ")
 
 
+@pytest.mark.release(
+    covered_by="accel-launch test_verify.py::test_the_reference_reads_what_the_run_s_data_parallel_ranks_read "
+    "(the reference's size for a TP run) and test_fsdp2_trains_the_same_model_as_ddp (the comparison)"
+)
 def test_dp_shard_x_tp_on_4_processes_in_bf16_agrees_with_ddp_on_its_2_data_parallel_ranks(script, tmp_path) -> None:
     sizes = ["--parallelism_config_dp_shard_size", "2", "--parallelism_config_tp_size", "2"]
     result = _verify(
