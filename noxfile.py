@@ -382,20 +382,27 @@ TORCH_FLOOR_TESTS = {
     "accel-state": ["."],
     "accel-data": ["."],
     "accel-bigmodel": ["."],
-    "accel-quant": [".", "--deselect", "test_fp8_choice_and_recipes.py::test_explicit_backend_wins_over_environment",
-                    "--deselect", "test_fp8_choice_and_recipes.py::test_environment_wins_over_installed"],
+    "accel-quant": ["."],
     "accel-tracking": ["test_tracking_core.py"],
     "accel-train": [
         "test_train_accelerator.py", "test_train_distributed.py", "test_train_fsdp_distributed.py",
         "test_train_fsdp_one_process.py", "test_train_checkpoint.py", "test_train_nd_parallel.py",
         "test_train_expert_parallel.py", "test_train_pipeline.py", "test_mesh.py",
         "test_train_deepspeed_distributed.py",
-        # known on torch 2.9 (issue 39): resuming listed experts (LocalExperts) with plain dp_shard=2 aborts in
-        # FSDP2's reduce-scatter on gloo ("880 vs 668" bytes); passes on 2.13
-        "--deselect", "test_train_expert_parallel.py::test_a_checkpoint_of_listed_experts_resumes_and_reshards",
     ],
     "accel-launch": ["test_launch_cli.py", "test_launch_launchers.py"],
 }  # fmt: skip
+#: Left out of TORCH_FLOOR_TESTS, by test id inside the distribution's tests folder.
+TORCH_FLOOR_DESELECT = {
+    # need torchao, which the session does not install
+    "accel-quant": [
+        "test_fp8_choice_and_recipes.py::test_explicit_backend_wins_over_environment",
+        "test_fp8_choice_and_recipes.py::test_environment_wins_over_installed",
+    ],
+    # known on torch 2.9 (issue 39): resuming listed experts (LocalExperts) with plain dp_shard=2 aborts in
+    # FSDP2's reduce-scatter on gloo ("880 vs 668" bytes); passes on 2.13
+    "accel-train": ["test_train_expert_parallel.py::test_a_checkpoint_of_listed_experts_resumes_and_reshards"],
+}
 
 
 def _declared_torch_floor(dist: str) -> tuple[int, ...] | None:
@@ -440,8 +447,11 @@ def torch_floor(session: nox.Session) -> None:
     session.run("python", "-c", f"import torch; assert torch.__version__.startswith('{version}'), torch.__version__")
     # one pytest per distribution: each tests folder has its own conftest.py
     for dist in selected:
-        with session.chdir(DISTS[dist]["path"] / "tests"):
-            _pytest(session, f"torch-floor-{dist}", *TORCH_FLOOR_TESTS[dist], env={"OMP_NUM_THREADS": "1"})
+        tests = DISTS[dist]["path"] / "tests"
+        args = [str(tests / item) for item in TORCH_FLOOR_TESTS[dist]]
+        for test_id in TORCH_FLOOR_DESELECT.get(dist, []):  # node ids are relative to the repository root
+            args += ["--deselect", f"{tests.relative_to(ROOT).as_posix()}/{test_id}"]
+        _pytest(session, f"torch-floor-{dist}", *args, env={"OMP_NUM_THREADS": "1"})
 
 
 def _smoke(session: nox.Session, package: str) -> None:
