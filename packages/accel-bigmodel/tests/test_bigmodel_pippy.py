@@ -62,3 +62,20 @@ def test_prepare_pippy_needs_example_inputs() -> None:
 
     with pytest.raises(ValueError, match="example_args"):
         prepare_pippy(Mlp())
+
+
+def test_first_neighbour_exchange_sends_what_is_received() -> None:
+    """torch 2.9 sends an int64 stage index into a float32 buffer before the first step (gloo aborts on
+    the size mismatch); the wrapper sends float32, and leaves float32 tensors (later torch) as they are."""
+    from types import SimpleNamespace
+
+    from accel_bigmodel.inference import match_init_p2p_dtypes
+
+    kept = torch.zeros(1)
+    ops = [SimpleNamespace(tensor=torch.tensor(3)), SimpleNamespace(tensor=kept)]
+    stage = SimpleNamespace(_get_init_p2p_neighbors_ops=lambda: ops)
+    sent = match_init_p2p_dtypes(stage)._get_init_p2p_neighbors_ops()
+    assert [op.tensor.dtype for op in sent] == [torch.float32, torch.float32]
+    assert sent[0].tensor.item() == 3.0 and sent[1].tensor is kept
+    bare = SimpleNamespace()
+    assert match_init_p2p_dtypes(bare) is bare and not vars(bare)

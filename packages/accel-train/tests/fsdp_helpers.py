@@ -47,6 +47,17 @@ def regression_batches(steps: int, batch: int, seed: int = 0) -> list[tuple[torc
     return out
 
 
+def mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``mse_loss`` of a (possibly bf16) model output against a float32 target, computed in float32.
+
+    The same numbers as ``mse_loss(output, target)``, whose type promotion casts the output to float32
+    first; written out because torch 2.9's CPU ``mse_loss`` backward raises "Found dtype Float but
+    expected BFloat16" on mixed dtypes (later releases do not), and the torch-floor session runs these
+    tests on 2.9.
+    """
+    return torch.nn.functional.mse_loss(output.float(), target)
+
+
 def num_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from fsdp_helpers import BlockNet, local_numel, num_params, regression_batches
+from fsdp_helpers import BlockNet, local_numel, mse, num_params, regression_batches
 
 from accel_state.testing import DistributedPool, reset_shared_state
 
@@ -31,7 +31,7 @@ def _train(accelerator, model, optimizer, batches, accumulation: int = 1) -> tor
         share = x.shape[0] // world
         x, y = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
         with accelerator.accumulate(model):
-            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+            accelerator.backward(mse(model(x), y))
             if accelerator.sync_gradients:
                 norm = accelerator.clip_grad_norm_(model.parameters(), 10.0)
             optimizer.step()
@@ -212,7 +212,7 @@ def rank_mixed_precision() -> dict:
     model, optimizer = accelerator.prepare(model, optimizer)
     skipped = []
     for x, y in regression_batches(6, GLOBAL_BATCH):
-        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        accelerator.backward(mse(model(x), y))
         optimizer.step()
         skipped.append(optimizer.step_was_skipped)
         optimizer.zero_grad()

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.distributed as dist
-from fsdp_helpers import regression_batches
+from fsdp_helpers import mse, regression_batches
 
 from accel_state.environment import patch_environment
 from accel_state.testing import reset_shared_state
@@ -75,7 +75,7 @@ def _accel_run(version: int, state_dict_type: str | None = None, launched: bool 
 def _accel_steps(accelerator, model, optimizer, batches) -> list[float]:
     losses = []
     for x, y in batches:
-        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss = mse(model(x), y)
         accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
@@ -105,7 +105,7 @@ def _by_hand(version: int, batches) -> list[float]:
     for x, y in batches:
         with torch.autocast("cpu", dtype=BF16):
             out = model(x)
-        loss = torch.nn.functional.mse_loss(out, y)
+        loss = mse(out, y)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -239,7 +239,7 @@ def _accumulating_run(version: int):
 def _micro_steps(accelerator, model, optimizer, batches) -> None:
     for x, y in batches:
         with accelerator.accumulate(model):
-            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+            accelerator.backward(mse(model(x), y))
             optimizer.step()
             optimizer.zero_grad()
 

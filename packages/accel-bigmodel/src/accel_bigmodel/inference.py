@@ -78,7 +78,34 @@ def build_pipeline(
     mb_kwargs = {k: _micro(v, num_chunks) for k, v in kwargs.items()}
     pipe = pipeline(model, mb_args=mb_args, mb_kwargs=mb_kwargs or None, split_spec=split_spec)
     stage = pipe.build_stage(state.local_process_index, device=state.device)
+    match_init_p2p_dtypes(stage)
     return ScheduleGPipe(stage, num_chunks)
+
+
+def match_init_p2p_dtypes(stage: Any) -> Any:
+    """Make ``stage``'s first neighbour exchange send what its neighbours receive (float32).
+
+    Before a schedule's first step each stage sends its index to its neighbours and receives theirs
+    (``_get_init_p2p_neighbors_ops``). Some torch releases (2.9) send an int64 tensor into a float32
+    receive buffer: NCCL copies the bytes, gloo aborts the process ("Received data size doesn't match
+    expected size. 8 vs 4"). Later releases send float32. The wrapper casts each tensor of that exchange to
+    float32, so it changes nothing where torch already does; a stage without the method is left as it is.
+    """
+    original = getattr(stage, "_get_init_p2p_neighbors_ops", None)
+    if original is None:
+        return stage
+
+    @functools.wraps(original)
+    def matched() -> list[Any]:
+        ops = original()
+        for op in ops:
+            tensor = getattr(op, "tensor", None)
+            if isinstance(tensor, torch.Tensor) and tensor.dtype != torch.float32:
+                op.tensor = tensor.float()  # a dummy value: only its size must match the other side
+        return ops
+
+    stage._get_init_p2p_neighbors_ops = matched
+    return stage
 
 
 def pippy_forward(forward: Any, num_chunks: int, gather_output: bool, *args: Any, **kwargs: Any) -> Any:

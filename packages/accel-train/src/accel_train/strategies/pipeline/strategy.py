@@ -243,7 +243,10 @@ class PipelineStrategy(Strategy):
         if key not in self._schedules:
             from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+            from accel_bigmodel.inference import match_init_p2p_dtypes
+
             stage = PipelineStage(model.module, self.stage_index, self.num_stages, self.device, group=self.pp_group)
+            match_init_p2p_dtypes(stage)  # torch 2.9 on gloo: see accel_bigmodel.inference
             cls = ScheduleGPipe if self.pp_config.schedule is PipelineSchedule.GPIPE or not with_loss else Schedule1F1B
             loss = _ScaledLoss()
             # Gradients are scaled in the loss (scale_grads would also divide gradients accumulated before).
