@@ -404,8 +404,8 @@ TORCH_FLOOR_DESELECT = {
         "test_fp8_choice_and_recipes.py::test_explicit_backend_wins_over_environment",
         "test_fp8_choice_and_recipes.py::test_environment_wins_over_installed",
     ],
-    # known on torch 2.9 (issue 39): resuming listed experts (LocalExperts) with plain dp_shard=2 aborts in
-    # FSDP2's reduce-scatter on gloo ("880 vs 668" bytes); passes on 2.13
+    # torch 2.9's FSDP2 cannot reduce unused parameters: resuming listed experts with plain dp_shard=2 is
+    # refused there by name (test_listed_experts_over_dp_shard_are_refused_by_name_... covers it); passes on 2.13
     "accel-train": ["test_train_expert_parallel.py::test_a_checkpoint_of_listed_experts_resumes_and_reshards"],
 }
 

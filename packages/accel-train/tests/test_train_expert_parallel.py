@@ -413,6 +413,31 @@ def test_save_model_writes_the_experts_in_the_ordinary_layout(dist_pool: Distrib
     }
 
 
+def rank_listed_on_old_torch() -> str:
+    from torch.distributed.fsdp import FSDPModule
+
+    kept = getattr(FSDPModule, "set_reduce_scatter_unused_params", None)
+    if kept is not None:
+        del FSDPModule.set_reduce_scatter_unused_params  # as in torch 2.9: absent
+    try:
+        accelerator = _accelerator({"dp_shard_size": 2})
+        try:
+            accelerator.prepare(_build("block", listed=True))
+        except NotImplementedError as error:
+            return str(error)
+        return "prepared"
+    finally:
+        if kept is not None:
+            FSDPModule.set_reduce_scatter_unused_params = kept
+
+
+def test_listed_experts_over_dp_shard_are_refused_by_name_where_torch_cannot_reduce_unused(
+    dist_pool: DistributedPool,
+) -> None:
+    for message in dist_pool.run(rank_listed_on_old_torch):
+        assert "('blocks.0.experts') over dp_shard needs FSDP2's set_reduce_scatter_unused_params" in message
+
+
 def rank_refused(kind: str, options: dict) -> None:
     accelerator = _accelerator({"ep_size": 2})
     accelerator.prepare(_build(kind, **options))

@@ -193,7 +193,9 @@ class NDParallelStrategy(Strategy):
             apply_plan(model, plan, self._mesh["tp"])
         from accel_bigmodel.experts import find_expert_modules
 
-        has_experts = bool(find_expert_modules(model))
+        found = find_expert_modules(model)
+        has_experts = bool(found)
+        _check_listed_experts_can_shard(found, config)
         experts: list[Any] = []
         if config.ep_enabled:
             from accel_train.strategies.nd.expert_parallel import apply_expert_parallel
@@ -384,6 +386,30 @@ class NDParallelStrategy(Strategy):
         name = self.checkpoint_entries()["optimizer"].name(index)
         fsdp_state.load_sharded_optimizer(
             self._model_of(optimizer), inner, os.path.join(folder, name), io=self.checkpoint_io
+        )
+
+
+def _check_listed_experts_can_shard(found: Sequence[Any], config: Any) -> None:
+    """Refuse, by name, FSDP2 over listed experts where torch cannot reduce unused parameters.
+
+    Without expert parallelism an expert of a list that one rank's tokens miss has no gradient there
+    while a peer has one; FSDP2 then needs ``set_reduce_scatter_unused_params`` (absent from older torch,
+    e.g. 2.9), or the ranks' reduce-scatters differ and the run aborts in the middle of a step.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    listed = [expert.name for expert in found if expert.layout == "list"]
+    if (
+        listed
+        and config.fsdp_dim_names
+        and not config.ep_enabled
+        and not hasattr(FSDPModule, "set_reduce_scatter_unused_params")
+    ):
+        raise NotImplementedError(
+            f"sharding a mixture-of-experts model whose experts are a list ({listed[0]!r}) over dp_shard needs "
+            f"FSDP2's set_reduce_scatter_unused_params, which torch {torch.__version__} lacks: an expert one "
+            "rank's tokens miss would make the ranks' gradient reductions differ. Stack the experts' weights "
+            "([num_experts, ...]), split them with ParallelismConfig(ep_size=...), or use a newer torch"
         )
 
 
