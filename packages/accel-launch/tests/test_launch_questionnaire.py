@@ -83,7 +83,6 @@ def test_fsdp_questionnaire_writes_expected_yaml(tmp_path: Path) -> None:
         ("Please enter an integer", "2"),
         ("comma-seperated list? [all]: ", ""),
         ("numa efficiency", ""),
-        ("Do you want to use ParallelismConfig (data, tensor, context and expert parallel sizes)? [yes/NO]: ", ""),
         ("Do you wish to use mixed precision? ([0] no, [1] fp16, [2] bf16, [3] fp8): ", "2"),
     ]
     code, transcript = _converse(
@@ -147,15 +146,23 @@ def test_parallelism_questionnaire_writes_the_sizes_expert_parallel_included(tmp
     from accel_launch.plan import MachineInfo, resolve
 
     target = tmp_path / "nd.yaml"
-    dialogue = [
+    dialogue = [  # asked after the FSDP questions when FSDP 2 is chosen, as the documented system asks them
         ("compute environment", "0"),
-        ("Which type of machine are you using?", "1"),
+        ("Which type of machine are you using?", "2"),
         ("How many different machines", ""),
-        ("Should distributed operations be checked", ""),
-        ("Intel PyTorch Extension (IPEX)", ""),
-        ("launch mpirun?", ""),
+        ("Should distributed operations be checked", "no"),
         ("torch dynamo", ""),
-        ("How many processes should be used for distributed training? [1]: ", "8"),
+        ("Do you want to use DeepSpeed? [yes/NO]: ", "no"),
+        ("Do you want to use FullyShardedDataParallel? [yes/NO]: ", "yes"),
+        ("What should be your FSDP version?", "1"),
+        ("resharding after forward", ""),
+        ("offload parameters and gradients to CPU? [yes/NO]: ", "no"),
+        ("What should be your auto wrap policy?", "TRANSFORMER_BASED_WRAP"),
+        ("_no_split_modules", "no"),
+        ("transformer layer class names", "BertLayer"),
+        ("state dict type?", "0"),
+        ("CPU RAM efficient loading)? [YES/no]: ", ""),
+        ("activation checkpointing? [yes/NO]: ", ""),
         ("(data, tensor, context and expert parallel sizes)? [yes/NO]: ", "yes"),
         ("What is the data parallel replicate size? [1]: ", ""),
         ("What is the data parallel shard (FSDP) size? [1]: ", "2"),
@@ -164,6 +171,9 @@ def test_parallelism_questionnaire_writes_the_sizes_expert_parallel_included(tmp
         ("Which context parallel communication should be used? ([0] allgather, [1] alltoall): ", "alltoall"),
         ("What is the expert parallel size", "0"),  # below 1: asked again
         ("Please enter an integer (at least 1).", "2"),
+        ("How many GPU(s) should be used for distributed training? [1]: ", "8"),
+        ("comma-seperated list? [all]: ", ""),
+        ("numa efficiency", ""),
         ("mixed precision?", "no"),
     ]
     code, transcript = _converse(

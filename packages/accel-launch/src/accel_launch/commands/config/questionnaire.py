@@ -320,6 +320,10 @@ def get_cluster_input() -> ClusterConfig:
         elif ask_bool("Do you want to use FullyShardedDataParallel?", False):
             config["distributed_type"] = "FSDP"
             config["fsdp_config"] = _fsdp_questions()
+            if config["fsdp_config"]["fsdp_version"] == 2:  # where, and when, the documented system asks
+                parallelism = _parallelism_questions()
+                if parallelism:
+                    config["parallelism_config"] = parallelism
         elif dtype == "MULTI_GPU" and ask_bool("Do you want to use Megatron-LM ?", False):
             config["distributed_type"] = "MEGATRON_LM"
             config["megatron_lm_config"] = _megatron_questions()
@@ -354,10 +358,6 @@ def get_cluster_input() -> ClusterConfig:
             "Would you like to enable numa efficiency? (Currently only supported on NVIDIA hardware).", False
         ):
             config["enable_cpu_affinity"] = True
-    if multi and config["num_processes"] > 1 and config["distributed_type"] != "MEGATRON_LM":
-        parallelism = _parallelism_questions()
-        if parallelism:
-            config["parallelism_config"] = parallelism
 
     _mixed_precision(config)
     if dtype == "XLA" and config["mixed_precision"] == "bf16":
