@@ -393,6 +393,7 @@ def rank_save_model(folder: str, options: dict) -> list[str]:
     accelerator = _accelerator({"ep_size": 2})
     model = accelerator.prepare(_build("block", **options))
     accelerator.save_model(model, folder)
+    accelerator.save_state(folder + "-state")  # for merge-weights
     accelerator.wait_for_everyone()
     files = sorted(os.listdir(folder))
     loaded = load_file(os.path.join(folder, "model.safetensors"))
@@ -408,6 +409,15 @@ def test_save_model_writes_the_experts_in_the_ordinary_layout(dist_pool: Distrib
     }
     files, shapes = dist_pool.run(rank_save_model, str(tmp_path / "listed"), {"listed": True})[0]
     expected = {"0.weight": (12, 8), "0.bias": (12,), "2.weight": (8, 12), "2.bias": (8,)}
+    from safetensors.torch import load_file
+
+    from accel_train.checkpoint.merge import merge_fsdp_weights
+
+    for name in ("model", "listed"):  # merge-weights of the sharded checkpoint gives what save_model wrote
+        merge_fsdp_weights(str(tmp_path / f"{name}-state" / "pytorch_model_fsdp_0"), str(tmp_path / f"{name}-merged"))
+        merged = load_file(str(tmp_path / f"{name}-merged" / "model.safetensors"))
+        saved = load_file(str(tmp_path / name / "model.safetensors"))
+        assert set(merged) == set(saved) and all(torch.equal(merged[k], saved[k]) for k in saved)
     assert shapes == {
         f"blocks.{i}.experts.experts.{e}.{n}": s for i in (0, 1) for e in range(4) for n, s in expected.items()
     }
