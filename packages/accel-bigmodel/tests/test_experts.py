@@ -42,6 +42,7 @@ def test_transformers_expert_modules_are_found_and_their_routers_are_not(kind: s
     assert [e.name for e in found] == ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]
     for expert in found:
         assert expert.num_experts == NUM_EXPERTS and expert.layout == "stacked" and expert.list_name == ""
+        assert expert.list_prefix == ""
         local = tuple(name.removeprefix(expert.name + ".") for name in expert.parameters)
         assert sorted(local) == sorted(TRANSFORMERS_EXPERT_PARAMETERS[kind])
         shapes = {name: model.get_parameter(name).shape for name in expert.parameters}
@@ -84,6 +85,8 @@ def test_a_user_list_block_is_found_with_every_parameter_of_every_expert() -> No
         for kind in ("weight", "bias")
     }
     assert set(found[0].parameters) | set(found[1].parameters) == expected == expert_parameter_names(model)
+    assert [e.list_prefix for e in found] == ["blocks.0.experts.mlps.", "blocks.1.experts.mlps."]
+    assert all(name.startswith(found[0].list_prefix) for name in found[0].parameters)
 
 
 def test_a_dense_model_has_no_expert_module() -> None:
@@ -136,6 +139,6 @@ def test_an_expert_module_passed_as_the_model_is_found_and_not_looked_into() -> 
     outer.mlps = nn.ModuleList([StackedExperts(2), StackedExperts(2)])  # experts that are expert modules
     found = find_expert_modules(outer)
     assert [(e.name, e.layout, e.list_name) for e in found] == [("", "list", "mlps")]
-    assert found[0].parameters[0] == "mlps.0.up"
+    assert found[0].parameters[0] == "mlps.0.up" and found[0].list_prefix == "mlps."
     assert find_expert_modules(UserMoe([outer]))[0].name == "blocks.0.experts"
     assert len(find_expert_modules(UserMoe([outer]))) == 1

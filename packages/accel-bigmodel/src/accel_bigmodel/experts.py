@@ -46,6 +46,14 @@ class ExpertModule:
     parameters: tuple[str, ...]
     list_name: str = ""
 
+    @property
+    def list_prefix(self) -> str:
+        """The qualified-name prefix of the listed experts (``model.layers.0.mlp.experts.experts.``), or
+        ``""`` for stacked experts."""
+        if not self.list_name:
+            return ""
+        return f"{self.name}.{self.list_name}." if self.name else f"{self.list_name}."
+
 
 def _takes_routing(module: nn.Module) -> bool:
     """Whether ``module``'s forward takes three positional arguments (hidden states, indices, weights)."""
