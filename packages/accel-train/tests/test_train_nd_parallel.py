@@ -75,6 +75,22 @@ def test_dimension_names_follow_the_sizes() -> None:
     assert ParallelismConfig(dp_replicate_size=4).is_trivial and not ParallelismConfig(tp_size=2).is_trivial
 
 
+@pytest.mark.parametrize("size", ["dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size", "pp_size", "ep_size"])
+def test_each_size_left_unset_reads_its_declared_variable(size: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from accel_state import env_vars
+
+    variable = f"PARALLELISM_CONFIG_{size.upper()}"
+    row = env_vars.spec(variable)  # the launcher writes what this row declares
+    assert (row.type, row.default) == ("int", 1)
+    assert getattr(ParallelismConfig(), size) == 1
+    monkeypatch.setenv(variable, "2")
+    assert getattr(ParallelismConfig(), size) == 2
+    assert getattr(ParallelismConfig(**{size: 1}), size) == 1  # an argument wins over the variable
+    monkeypatch.setenv(variable, "two")
+    with pytest.raises(ValueError, match=variable):
+        ParallelismConfig()
+
+
 def test_sizes_must_multiply_to_the_world_size() -> None:
     config = ParallelismConfig(dp_shard_size=2, tp_size=2)
     config.validate_world_size(4)

@@ -129,8 +129,8 @@ class ParallelismConfig:
         for name in _SIZES:
             value = getattr(self, name)
             if value is None:
-                variable = f"PARALLELISM_CONFIG_{name.upper()}"
-                value = env_value(variable, 1) if variable in _ENV_SIZES else 1
+                # each size has its variable in accel_state.env_vars (test_nd_config pins the rows)
+                value = env_value(f"PARALLELISM_CONFIG_{name.upper()}", 1)
                 setattr(self, name, value)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ParallelismConfig.{name} must be an int >= 1, got {value!r}")
@@ -388,15 +388,3 @@ class ParallelismConfig:
         """Whether ``ep_size`` is above 1."""
         return self.ep_size > 1  # type: ignore[operator]
 
-
-_ENV_SIZES = frozenset(
-    {
-        "PARALLELISM_CONFIG_DP_REPLICATE_SIZE",
-        "PARALLELISM_CONFIG_DP_SHARD_SIZE",
-        "PARALLELISM_CONFIG_TP_SIZE",
-        "PARALLELISM_CONFIG_CP_SIZE",
-        "PARALLELISM_CONFIG_SP_SIZE",
-        "PARALLELISM_CONFIG_PP_SIZE",
-        "PARALLELISM_CONFIG_EP_SIZE",
-    }
-)

@@ -216,7 +216,11 @@ class ExpertParallelForward:
 
 
 def apply_expert_parallel(
-    model: nn.Module, mesh: Any, counts: MutableMapping[str, torch.Tensor], experts_sharded: bool = False
+    model: nn.Module,
+    mesh: Any,
+    counts: MutableMapping[str, torch.Tensor],
+    experts_sharded: bool = False,
+    found: Sequence[ExpertModule] | None = None,
 ) -> list[SplitExperts]:
     """Split every expert module of ``model`` over the 1-D ``ep`` mesh ``mesh``, in place.
 
@@ -231,6 +235,7 @@ def apply_expert_parallel(
         counts: the mapping each module's forward records its per-expert token counts in.
         experts_sharded: FSDP2 will shard the experts over the ranks holding the same ones (see
             `ExpertParallelForward`'s ``anchor_listed``).
+        found: ``find_expert_modules(model)`` when the caller has it already (it is not looked for again).
 
     Returns:
         a `SplitExperts` for each expert module, outermost first.
@@ -242,7 +247,7 @@ def apply_expert_parallel(
 
     ep = mesh.size()
     rank = mesh.get_local_rank()
-    experts = find_expert_modules(model)
+    experts = list(found) if found is not None else find_expert_modules(model)
     if not experts:
         raise ValueError(
             f"ParallelismConfig(ep_size={ep}) needs a mixture-of-experts model, but {type(model).__name__} has no "
@@ -261,8 +266,7 @@ def apply_expert_parallel(
         listed: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
         if expert.layout == "list":
             experts_list = getattr(module, expert.list_name)
-            prefix = f"{expert.name}.{expert.list_name}." if expert.name else f"{expert.list_name}."
-            listed = {prefix + n: (tuple(p.shape), p.dtype) for n, p in experts_list.named_parameters()}
+            listed = {expert.list_prefix + n: (tuple(p.shape), p.dtype) for n, p in experts_list.named_parameters()}
             setattr(module, expert.list_name, LocalExperts(experts_list, rank * local, local))
         for name, param in list(module.named_parameters(recurse=False)):
             if isinstance(param, DTensor):
@@ -357,7 +361,7 @@ def gather_listed_experts(
     for split in splits:
         if not split.listed:
             continue
-        prefix = f"{split.expert.name}.{split.expert.list_name}." if split.expert.name else f"{split.expert.list_name}."
+        prefix = split.expert.list_prefix
         for key, (shape, dtype) in split.listed.items():
             owner = int(key[len(prefix) :].split(".", 1)[0]) // split.count
             if owner == rank:
@@ -378,11 +382,7 @@ def gather_listed_experts(
 
 def _in_model_order(state: dict[str, Any], gathered: dict[str, Any], splits: Sequence[SplitExperts]) -> dict[str, Any]:
     """``gathered`` ordered as the unsplit model's state dict: each list's experts where its first one was."""
-    lists = [
-        (f"{s.expert.name}.{s.expert.list_name}." if s.expert.name else f"{s.expert.list_name}.", s)
-        for s in splits
-        if s.listed
-    ]
+    lists = [(s.expert.list_prefix, s) for s in splits if s.listed]
     ordered: dict[str, Any] = {}
     for key in state:
         for prefix, split in lists:

@@ -201,7 +201,9 @@ class NDParallelStrategy(Strategy):
             from accel_train.strategies.nd.expert_parallel import apply_expert_parallel
 
             sharded = bool(config.expert_dp_dim_names)
-            experts = apply_expert_parallel(model, self._mesh["ep"], self._expert_counts, experts_sharded=sharded)
+            experts = apply_expert_parallel(
+                model, self._mesh["ep"], self._expert_counts, experts_sharded=sharded, found=found
+            )
             self._experts[id(model)] = experts
         fsdp_plugin = getattr(self.state, "fsdp_plugin", None)
         if fsdp_plugin is not None and fsdp_plugin.activation_checkpointing:
