@@ -186,8 +186,23 @@ def _add_extras(session: nox.Session, extras: dict[str, str], deepspeed: bool = 
         session.install(*_constraints(), *[f"{DISTS[dist]['path']}[{extra}]" for dist, extra in extras.items()])
 
 
+#: The venvs whose bytecode `_warm_bytecode` has written in this nox run.
+_WARMED: set[str] = set()
+
+
+def _warm_bytecode(session: nox.Session) -> None:
+    """Import the heavy modules once before the tests (tools/warm_bytecode.py): the first processes of a
+    session start together, and each compiled the same bytecode (33 CPU-s lost per four processes)."""
+    location = str(getattr(session.virtualenv, "location", ""))
+    if location in _WARMED:
+        return
+    _WARMED.add(location)
+    session.run("python", str(ROOT / "tools" / "warm_bytecode.py"), env={"ACCEL_PROVIDE_ACCELERATE": "1"}, silent=True)
+
+
 def _pytest(session: nox.Session, report: str, *args: str, env: dict[str, str] | None = None) -> None:
     REPORTS.mkdir(exist_ok=True)
+    _warm_bytecode(session)
     session.run("pytest", "-q", "-ra", f"--junitxml={REPORTS / report}.xml", *args, *session.posargs, env=env)
 
 
