@@ -75,7 +75,9 @@ def test_dimension_names_follow_the_sizes() -> None:
     assert ParallelismConfig(dp_replicate_size=4).is_trivial and not ParallelismConfig(tp_size=2).is_trivial
 
 
-@pytest.mark.parametrize("size", ["dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size", "pp_size", "ep_size"])
+@pytest.mark.parametrize(
+    "size", ["dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size", "pp_size", "ep_size"]
+)
 def test_each_size_left_unset_reads_its_declared_variable(size: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from accel_state import env_vars
 

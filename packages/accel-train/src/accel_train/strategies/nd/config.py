@@ -387,4 +387,3 @@ class ParallelismConfig:
     def ep_enabled(self) -> bool:
         """Whether ``ep_size`` is above 1."""
         return self.ep_size > 1  # type: ignore[operator]
-
