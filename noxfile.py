@@ -215,19 +215,16 @@ def clean_reports(session: nox.Session) -> None:
 
 
 @nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
-def end_to_end(session: nox.Session) -> None:
-    """CI's end-to-end tests in one venv, in this order: ``integration``, then ``docs`` (which adds the
-    site generator and the guide's examples), so that accel's distributions are built and installed once
-    for both. Defined first of the CI sessions: the longest, it starts first and the others run beside it.
-    """
+def integration(session: nox.Session) -> None:
+    """End-to-end runs through the real ``accel launch``: multi-process, multi-machine, resume, offload.
+    Defined first of the CI sessions: the longest, it starts first and the others run beside it."""
     _integration(session)
-    _docs(session, [], installed=True)  # accel's distributions: as _integration installed them
 
 
 @nox.session(python=False, tags=["ci"], allow_parallel=True, requires=["clean_reports"])
 def deepspeed_ops(session: nox.Session) -> None:
     """Build DeepSpeed with its CPU ops (tools/deepspeed_cpu_wheel.py) at the start of a CI run, beside
-    end_to_end's first installs; every session that installs DeepSpeed takes that wheel (and waits for it)."""
+    the first sessions' installs; every session that installs DeepSpeed takes that wheel (and waits for it)."""
     session.log(f"DeepSpeed wheel with prebuilt CPU ops: {_deepspeed_wheel(session)}")
 
 
@@ -289,8 +286,51 @@ def clients(session: nox.Session) -> None:
     _clients(session)
 
 
-# Ray and the trackers come before the short sessions: Ray spends minutes starting its cluster, and a long
-# session run last leaves the other lane with nothing to do.
+@nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
+def docs(session: nox.Session) -> None:
+    """The documentation site (as ``docs_site``), then every code block of the guide run.
+
+    ``nox -s docs -- --no-run`` builds the site only. Other arguments are pages for
+    ``tools/run_doc_examples.py`` to run alone. On a machine without chromium where apt-get works as
+    root (CI), chromium is installed first so that the browser check runs for real. In CI it starts
+    third (after ``integration`` and the DeepSpeed build), in a venv of its own.
+    """
+    _docs(session, list(session.posargs))
+
+
+# CI starts the distributions' sessions longest first (measured on 2 cores: accel-train 7 minutes, accel-state
+# 3, accel 2, the others about one), so that the run does not end on one long session beside an idle lane.
+_LONGEST_TESTS = ("accel-train", "accel-state", "accel", "accel-launch")
+_TESTS_LONGEST_FIRST = [d for d in _LONGEST_TESTS if d in ORDER] + [d for d in ORDER if d not in _LONGEST_TESTS]
+
+
+@nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
+@nox.parametrize("package", _TESTS_LONGEST_FIRST)
+def tests(session: nox.Session, package: str) -> None:
+    """One distribution alone: a fresh venv with it and its in-repo dependencies, where its smoke script
+    runs first (what ``clean_install`` checks: only the declared dependencies installed); then its test
+    extra and its tests. One venv and one install of the distributions for both checks."""
+    needed = _closure(package)
+    _install_local(session, *needed)
+    _smoke(session, package)
+    # accel-train's test extra asks for DeepSpeed
+    _add_extras(session, {package: "test"}, deepspeed=package == "accel-train")
+    # accel-train's suite is mostly waiting on spawned gloo processes: two workers (a test file each,
+    # so that a file's tests share their worker's process pools) keep both cores busy
+    parallel = ["-n", "2", "--dist", "loadfile"] if package == "accel-train" else []
+    _pytest(session, f"tests-{package}", *parallel, str(DISTS[package]["path"] / "tests"))
+
+
+@nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
+def typecheck(session: nox.Session) -> None:
+    """mypy over every distribution's source."""
+    _install_local(session, *ORDER)
+    session.install("mypy")
+    session.run("mypy", *[str(DISTS[d]["path"] / "src") for d in ORDER])
+
+
+# Ray and the trackers come after the distributions' tests and before the shortest sessions: their minutes
+# are mostly waits (Ray starting its cluster, the trackers' downloads), which the sessions beside them fill.
 @nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
 def ray(session: nox.Session) -> None:
     """An accel script under Ray Train's TorchTrainer (2 CPU workers, loopback only), as under accel launch."""
@@ -324,37 +364,6 @@ def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "check", str(ROOT))
     session.run("ruff", "format", "--check", str(ROOT))
-
-
-@nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
-def typecheck(session: nox.Session) -> None:
-    """mypy over every distribution's source."""
-    _install_local(session, *ORDER)
-    session.install("mypy")
-    session.run("mypy", *[str(DISTS[d]["path"] / "src") for d in ORDER])
-
-
-# CI starts the distributions' sessions longest first (measured on 2 cores: accel-train 7 minutes, accel-state
-# 3, accel 2, the others about one), so that the run does not end on one long session beside an idle lane.
-_LONGEST_TESTS = ("accel-train", "accel-state", "accel", "accel-launch")
-_TESTS_LONGEST_FIRST = [d for d in _LONGEST_TESTS if d in ORDER] + [d for d in ORDER if d not in _LONGEST_TESTS]
-
-
-@nox.session(tags=["ci"], allow_parallel=True, requires=["clean_reports"])
-@nox.parametrize("package", _TESTS_LONGEST_FIRST)
-def tests(session: nox.Session, package: str) -> None:
-    """One distribution alone: a fresh venv with it and its in-repo dependencies, where its smoke script
-    runs first (what ``clean_install`` checks: only the declared dependencies installed); then its test
-    extra and its tests. One venv and one install of the distributions for both checks."""
-    needed = _closure(package)
-    _install_local(session, *needed)
-    _smoke(session, package)
-    # accel-train's test extra asks for DeepSpeed
-    _add_extras(session, {package: "test"}, deepspeed=package == "accel-train")
-    # accel-train's suite is mostly waiting on spawned gloo processes: two workers (a test file each,
-    # so that a file's tests share their worker's process pools) keep both cores busy
-    parallel = ["-n", "2", "--dist", "loadfile"] if package == "accel-train" else []
-    _pytest(session, f"tests-{package}", *parallel, str(DISTS[package]["path"] / "tests"))
 
 
 @nox.session
@@ -513,12 +522,6 @@ def _integration(session: nox.Session) -> None:
     _pytest(session, "integration", "-n", "2", "--dist", "loadfile", str(ROOT / "integration_tests"))
 
 
-@nox.session
-def integration(session: nox.Session) -> None:
-    """End-to-end runs through the real ``accel launch``: multi-process, multi-machine, resume, offload."""
-    _integration(session)
-
-
 #: The site generator and what its build needs (MkDocs + Material + mkdocstrings; matplotlib for the
 #: benchmark plots), pinned so that a build today renders as the one that was checked.
 DOCS_SITE_PINS = (
@@ -551,17 +554,6 @@ def docs_site(session: nox.Session) -> None:
     _docs_site(session)
 
 
-@nox.session
-def docs(session: nox.Session) -> None:
-    """The documentation site (as ``docs_site``), then every code block of the guide run.
-
-    ``nox -s docs -- --no-run`` builds the site only. Other arguments are pages for
-    ``tools/run_doc_examples.py`` to run alone. On a machine without chromium where apt-get works as
-    root (CI), chromium is installed first so that the browser check runs for real.
-    """
-    _docs(session, list(session.posargs))
-
-
 def _docs(session: nox.Session, posargs: list[str], installed: bool = False) -> None:
     no_run = "--no-run" in posargs
     pages = [arg for arg in posargs if arg != "--no-run"]
@@ -581,9 +573,10 @@ def _docs(session: nox.Session, posargs: list[str], installed: bool = False) -> 
 
 
 _CI_SESSIONS = [
-    "end_to_end",
+    "integration",
     "deepspeed_ops",
     "clients",
+    "docs",
     "ray",
     "trackers",
     "deps",
