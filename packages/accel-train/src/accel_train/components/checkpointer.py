@@ -505,6 +505,7 @@ class Checkpointer(AsyncSaves):
             process_index=self.state.process_index,
             strict=load_model_func_kwargs.pop("strict", True),
             distributed=True,
+            manifest=manifest,
         )
         grads_path = os.path.join(folder, ckpt.grads_file(self.state.process_index))
         strategy.restore_gradients(models, io_.load_weights(grads_path, device) if os.path.isfile(grads_path) else None)
