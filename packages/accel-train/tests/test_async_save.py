@@ -298,7 +298,10 @@ def test_an_async_save_writes_the_files_of_a_synchronous_one(tmp_path) -> None:
         open(os.path.join(sync, "accel_checkpoint.json")) as one,
         open(os.path.join(asynchronous, "accel_checkpoint.json")) as two,
     ):
-        assert json.load(one) == json.load(two)
+        manifests = json.load(one), json.load(two)
+    ids = [manifest.pop("save_id") for manifest in manifests]
+    assert ids[0] != ids[1]  # each save its own id; all else the same, the record of the files included
+    assert manifests[0] == manifests[1] and "random_states_0.safetensors" in manifests[0]["files"]
 
 
 # -- a kill during the background write ---------------------------------------------------------

@@ -148,6 +148,35 @@ def test_garbled_pickle_without_crc_is_corrupt(saved) -> None:
     _assert_unchanged(before, _snapshot(model, optimizer))
 
 
+def test_a_sound_file_of_another_size_than_recorded_is_refused_before_loading(saved) -> None:
+    """Random states written by another run (one more generator) in this one's place: a well-formed file
+    that every other check passes, but not the one the manifest recorded. Refused by name with both sizes,
+    nothing loaded."""
+    from accel_train.checkpoint.file_io import save_rng
+
+    accelerator, model, optimizer, folder = saved
+    path = os.path.join(folder, "random_states_0.safetensors")
+    recorded = os.path.getsize(path)
+    save_rng(path, extra_generators={"sampler": torch.Generator()})
+    found = os.path.getsize(path)
+    assert found > recorded
+    before = _snapshot(model, optimizer)
+    rng_before = torch.get_rng_state()
+    with pytest.raises(CorruptCheckpointError) as info:
+        accelerator.load_state(folder)
+    assert info.value.path == path
+    assert f"{recorded} bytes, as the manifest recorded" in info.value.expected and info.value.found == f"{found} bytes"
+    _assert_unchanged(before, _snapshot(model, optimizer))
+    assert torch.equal(torch.get_rng_state(), rng_before)
+
+
+def test_a_file_added_after_the_save_does_not_stop_a_load(saved) -> None:
+    accelerator, _model, _optimizer, folder = saved
+    with open(os.path.join(folder, "notes.txt"), "w", encoding="utf-8") as handle:
+        handle.write("the user's own file")
+    accelerator.load_state(folder)
+
+
 def test_planted_pickle_stays_unsafe(saved, tmp_path) -> None:
     accelerator, model, optimizer, folder = saved
     marker = str(tmp_path / "marker")

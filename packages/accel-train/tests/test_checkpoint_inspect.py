@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -55,8 +56,6 @@ def sharded(tmp_path_factory) -> str:
 
 
 def _copy(folder: str, tmp_path) -> str:
-    import shutil
-
     return shutil.copytree(folder, str(tmp_path / "copy"))
 
 
@@ -104,7 +103,8 @@ def test_a_resized_shard_is_named_and_the_other_folder_still_checked(sharded, tm
     _truncate(shard, os.path.getsize(shard) - 16)
     status, report = _inspect(folder, capsys)
     assert status == command.EXIT_DAMAGED
-    (problem,) = report["problems"]
+    recorded, problem = report["problems"]  # the manifest's record names the file, the DCP check its folder
+    assert recorded["path"] == "optimizer_0/__0_0.distcp" and recorded["kind"] == "damaged"
     assert problem["path"] == "optimizer_0" and problem["kind"] == "damaged" and "__0_0.distcp" in problem["message"]
     checked = {item["path"] for item in report["files"] if item["checked"]}
     assert "pytorch_model_fsdp_0/__0_0.distcp" in checked
@@ -181,7 +181,7 @@ def test_the_command_runs_and_its_manifest_part_imports_no_torch(whole, tmp_path
     code = (
         "import subprocess, sys\n"
         "from accel_train.commands.checkpoint import main\n"
-        f"assert main(['inspect', {folder!r}, '--manifest-only', '--json']) == 0\n"
+        f"assert main(['inspect', {folder!r}, '--manifest-only', '--json']) == 1\n"  # not its recorded size
         "print('torch imported:', 'torch' in sys.modules)\n"
         "sys.stdout.flush()\n"
         f"sys.exit(subprocess.call([sys.executable, '-m', 'accel_train.commands.checkpoint', 'inspect', {folder!r}]))\n"
@@ -190,6 +190,140 @@ def test_the_command_runs_and_its_manifest_part_imports_no_torch(whole, tmp_path
     assert "torch imported: False" in result.stdout, result.stdout + result.stderr
     assert result.returncode == command.EXIT_UNSAFE, result.stdout + result.stderr
     assert "unsafe: optimizer.bin" in result.stdout and not os.path.exists(tmp_path / "marker")
+
+
+# -- the manifest's record of the files and of the save ---------------------------------------------------
+
+
+def _manifest(folder: str) -> dict:
+    with open(os.path.join(folder, "accel_checkpoint.json"), encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def _rewrite_manifest(folder: str, **changes) -> None:
+    manifest = {**_manifest(folder), **changes}
+    manifest = {key: value for key, value in manifest.items() if value is not None}
+    with open(os.path.join(folder, "accel_checkpoint.json"), "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle)
+
+
+@pytest.mark.parametrize("kind", ["whole", "sharded"])
+def test_the_manifest_records_every_file_and_the_save_id_the_safetensors_carry(request, kind, capsys) -> None:
+    from accel_train.checkpoint.file_record import record_files
+    from accel_train.checkpoint.save_id import header_save_id
+
+    folder = request.getfixturevalue(kind)
+    manifest = _manifest(folder)
+    assert manifest["files"] == record_files(folder) and "accel_checkpoint.json" not in manifest["files"]
+    assert len(manifest["save_id"]) == 32 and int(manifest["save_id"], 16) >= 0
+    if kind == "sharded":  # the DCP folders' files, by their path inside the checkpoint
+        assert {"optimizer_0/.metadata", "optimizer_0/__0_0.distcp", "pytorch_model_fsdp_0/.metadata"} <= set(
+            manifest["files"]
+        )
+    carriers = [path for path in manifest["files"] if path.endswith(".safetensors")]
+    assert "random_states_0.safetensors" in carriers
+    assert {path: header_save_id(os.path.join(folder, path)) for path in carriers} == dict.fromkeys(
+        carriers, manifest["save_id"]
+    )
+
+    status, report = _inspect(folder, capsys)
+    assert status == command.EXIT_GOOD and report["problems"] == [] and report["notes"] == []
+    assert report["save_id"] == manifest["save_id"]
+    assert all(item["recorded"] == item["size"] for item in report["files"] if item["path"] != "accel_checkpoint.json")
+    command.main(["inspect", folder, "--manifest-only"])
+    text = capsys.readouterr().out
+    assert f"save id: {manifest['save_id']}" in text and "  files: " not in text  # not repeated as a field
+
+
+def test_each_save_has_its_own_id(whole, tmp_path) -> None:
+    again = _save(str(tmp_path / "again"))
+    assert _manifest(again)["save_id"] != _manifest(whole)["save_id"]
+
+
+def test_a_file_cut_short_is_named_with_both_sizes_without_reading_it(whole, tmp_path, capsys) -> None:
+    folder = _copy(whole, tmp_path)
+    path = os.path.join(folder, "scheduler.bin")
+    size = os.path.getsize(path)
+    _truncate(path, size - 10)
+    status, report = _inspect(folder, capsys, "--manifest-only")
+    assert status == command.EXIT_DAMAGED and report["status"] == "damaged"
+    (problem,) = report["problems"]
+    assert (problem["path"], problem["kind"]) == ("scheduler.bin", "damaged")
+    assert f"is {size - 10} bytes, but was {size} bytes when saved" in problem["message"]
+    assert next(item for item in report["files"] if item["path"] == "scheduler.bin")["recorded"] == size
+    command.main(["inspect", folder, "--manifest-only"])
+    assert f"{size - 10}  scheduler.bin  recorded {size}" in capsys.readouterr().out
+
+
+def test_a_recorded_file_that_is_gone_is_missing(sharded, tmp_path, capsys) -> None:
+    """A file only the record knows of (a DCP data file; the manifest's entries name its folder)."""
+    folder = _copy(sharded, tmp_path)
+    os.remove(os.path.join(folder, "pytorch_model_fsdp_0", "__0_0.distcp"))
+    status, report = _inspect(folder, capsys, "--manifest-only")
+    assert status == command.EXIT_DAMAGED
+    (problem,) = report["problems"]
+    assert (problem["path"], problem["kind"]) == ("pytorch_model_fsdp_0/__0_0.distcp", "missing")
+    assert "listed by the manifest" in problem["message"]
+
+
+def test_a_file_missing_by_entry_and_by_record_is_reported_once(whole, tmp_path, capsys) -> None:
+    folder = _copy(whole, tmp_path)
+    os.remove(os.path.join(folder, "optimizer.bin"))
+    status, report = _inspect(folder, capsys, "--manifest-only")
+    assert status == command.EXIT_DAMAGED
+    assert [(p["path"], p["kind"]) for p in report["problems"]] == [("optimizer.bin", "missing")]
+
+
+def test_a_file_added_after_the_save_is_a_note_not_a_failure(whole, tmp_path, capsys) -> None:
+    folder = _copy(whole, tmp_path)
+    os.makedirs(os.path.join(folder, "eval"))
+    with open(os.path.join(folder, "eval", "scores.txt"), "w", encoding="utf-8") as handle:
+        handle.write("0.93\n")
+    status, report = _inspect(folder, capsys)
+    assert status == command.EXIT_GOOD and report["problems"] == []
+    (note,) = report["notes"]
+    assert note["path"] == "eval/scores.txt" and "added after the save" in note["message"]
+    assert next(item for item in report["files"] if item["path"] == "eval/scores.txt")["recorded"] is None
+    command.main(["inspect", folder])
+    assert "notes:\n  eval/scores.txt: " in capsys.readouterr().out
+
+
+def test_the_random_states_other_processes_add_are_no_note_when_they_save_alone(whole, tmp_path) -> None:
+    folder = _copy(whole, tmp_path)
+    shutil.copyfile(
+        os.path.join(folder, "random_states_0.safetensors"), os.path.join(folder, "random_states_1.safetensors")
+    )
+    assert [n["path"] for n in inspect_checkpoint(folder, check_files=False)["notes"]] == [
+        "random_states_1.safetensors"
+    ]
+    _rewrite_manifest(folder, process_files="callers", num_processes=2)
+    assert inspect_checkpoint(folder, check_files=False)["notes"] == []
+
+
+def test_a_file_of_another_save_is_named_as_mixed(whole, sharded, tmp_path, capsys) -> None:
+    folder = _copy(whole, tmp_path)
+    shutil.copyfile(
+        os.path.join(sharded, "random_states_0.safetensors"), os.path.join(folder, "random_states_0.safetensors")
+    )
+    status, report = _inspect(folder, capsys, "--manifest-only")
+    assert status == command.EXIT_DAMAGED and report["status"] == "damaged"
+    (problem,) = report["problems"]  # its size may differ too: one problem per file, the one that says why
+    assert (problem["path"], problem["kind"]) == ("random_states_0.safetensors", "mixed")
+    assert _manifest(sharded)["save_id"] in problem["message"] and _manifest(whole)["save_id"] in problem["message"]
+
+
+def test_a_manifest_without_the_record_inspects_as_before(whole, tmp_path, capsys) -> None:
+    """An older accel's manifest (no ``files``, no ``save_id``): no comparison, no note, nothing mixed."""
+    folder = _copy(whole, tmp_path)
+    _rewrite_manifest(folder, files=None, save_id=None)
+    with open(os.path.join(folder, "notes.txt"), "w", encoding="utf-8") as handle:
+        handle.write("mine")
+    status, report = _inspect(folder, capsys)
+    assert status == command.EXIT_GOOD and report["status"] == "good"
+    assert report["save_id"] is None and report["notes"] == [] and report["problems"] == []
+    assert all(item["recorded"] is None for item in report["files"])
+    command.main(["inspect", folder])
+    assert "save id:" not in capsys.readouterr().out
 
 
 # -- where a folder loads (laid out by hand: only the names count) ------------------------------------------

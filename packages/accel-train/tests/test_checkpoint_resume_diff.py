@@ -113,6 +113,15 @@ def test_a_difference_keeps_its_values_for_scripts() -> None:
         ("versions", {"torch": 2.13}, "versions['torch']"),
         ("data", {"epoch": 1}, "'data'"),
         ("mixed_precision", None, "'mixed_precision'"),
+        ("save_id", 7, "'save_id'"),
+        ("save_id", "", "an empty id"),
+        ("files", ["model.safetensors"], "'files'"),
+        ("files", {"model.safetensors": "12"}, "files['model.safetensors']"),
+        ("files", {"model.safetensors": True}, "files['model.safetensors']"),
+        ("files", {"model.safetensors": -1}, "a negative size"),
+        ("files", {"../model.safetensors": 1}, "not a relative path inside the folder"),
+        ("files", {"/etc/passwd": 1}, "not a relative path inside the folder"),
+        ("files", {"optimizer_0//x": 1}, "not a relative path inside the folder"),
     ],
 )
 def test_a_manifest_field_of_the_wrong_type_is_named(tmp_path, field: str, value, named: str) -> None:
@@ -122,6 +131,16 @@ def test_a_manifest_field_of_the_wrong_type_is_named(tmp_path, field: str, value
         read_manifest_file(str(path))
     assert named in str(raised.value)
     assert manifest_problem(RUN) is None
+
+
+def test_the_record_of_the_save_round_trips_and_older_manifests_lack_it(tmp_path) -> None:
+    from accel_train.checkpoint.file_io import read_manifest, write_manifest
+
+    recorded = {"save_id": "0f" * 16, "files": {"model.safetensors": 1234, "optimizer_0/__0_0.distcp": 56}}
+    write_manifest(str(tmp_path), {**RUN, **recorded})
+    read = read_manifest(str(tmp_path))
+    assert read is not None and {key: read[key] for key in recorded} == recorded and read["format_version"] == 1
+    assert manifest_problem(RUN) is None  # both fields are optional
 
 
 def test_data_position_counts_samples_over_every_process() -> None:
@@ -208,16 +227,44 @@ def test_a_checkpoint_without_the_new_fields_loads_and_reports_what_it_can(tmp_p
     assert not [r for r in caplog.records if r.getMessage().startswith("resume:")]
 
 
-def _save_on_two(folder: str) -> int:
+def _save_on_two(folder: str, numbered: bool = False) -> int:
     reset_shared_state()
-    from accel_train import Accelerator
+    from accel_train import Accelerator, ProjectConfiguration
 
-    accelerator = Accelerator(cpu=True)
+    config = ProjectConfiguration(project_dir=folder, automatic_checkpoint_naming=True) if numbered else None
+    accelerator = Accelerator(cpu=True, project_config=config)
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
     accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    accelerator.save_state(folder)
+    accelerator.save_state(None if numbered else folder)
     return accelerator.num_processes
+
+
+def _save_ids(folder: str) -> tuple[str, dict[str, str | None]]:
+    """The manifest's save id, and the one in the header of each process's random states."""
+    from accel_train.checkpoint.save_id import header_save_id
+
+    manifest = json.loads(open(os.path.join(folder, "accel_checkpoint.json"), encoding="utf-8").read())
+    names = [f"random_states_{rank}.safetensors" for rank in (0, 1)]
+    return manifest["save_id"], {name: header_save_id(os.path.join(folder, name)) for name in names}
+
+
+@pytest.mark.parametrize("numbered", [False, True])
+def test_every_process_marks_its_files_with_the_one_id_of_the_save(tmp_path, pools, numbered: bool) -> None:
+    """DDP into an explicit folder (the main process publishes, the other adds its random states after, told
+    the id through the store) and with automatic naming (every process writes into the partial folder,
+    told process 0's id in the exchange that names it): one id, in the manifest and both files."""
+    from accel_train.checkpoint.inspection import inspect_checkpoint
+
+    base = str(tmp_path / "run")
+    assert pools(2).run(_save_on_two, base, numbered) == [2, 2]
+    folder = os.path.join(base, "checkpoints", "checkpoint_0") if numbered else base
+    save_id, in_files = _save_ids(folder)
+    assert in_files == dict.fromkeys(in_files, save_id)
+    manifest = json.loads(open(os.path.join(folder, "accel_checkpoint.json"), encoding="utf-8").read())
+    assert ("random_states_1.safetensors" in manifest["files"]) is numbered  # written before the publish
+    report = inspect_checkpoint(folder, check_files=False)
+    assert (report["problems"], report["notes"], report["status"]) == ([], [], "unchecked")
 
 
 def test_two_processes_resumed_on_one_say_so(tmp_path, pools, caplog) -> None:

@@ -20,6 +20,9 @@ file                      format
 ``accel_checkpoint.json``  JSON manifest: what the checkpoint holds, written last
 ========================  ==========================================================================
 
+Each safetensors file a ``save_state`` writes carries the id of that save in its header metadata
+(``accel_save_id``, `accel_train.checkpoint.save_id`), as the manifest does.
+
 The names of the documented layout are kept (``random_states_{rank}`` gets the ``.safetensors``
 suffix since it is no longer a pickle). A damaged file raises `CorruptCheckpointError`
 (`accel_train.checkpoint.integrity`), one that would run code `UnsafeCheckpointError`.
@@ -41,6 +44,7 @@ import torch
 
 from accel_state import imports
 from accel_state.errors import UnsafeCheckpointError
+from accel_train.checkpoint.save_id import with_save_id
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +136,7 @@ def save_weights(state_dict: Mapping[str, Any], path: str, safe_serialization: b
             path,
             sorted(set(aliases.values())),
         )
-    save_file(tensors, path, metadata=metadata)
+    save_file(tensors, path, metadata=with_save_id(metadata))
 
 
 def save_shard(tensors: Mapping[str, torch.Tensor], path: str, metadata: Mapping[str, str]) -> None:
@@ -147,7 +151,7 @@ def save_shard(tensors: Mapping[str, torch.Tensor], path: str, metadata: Mapping
     from safetensors.torch import save_file
 
     with writing(path):
-        save_file(dict(tensors), path, metadata={"format": "pt", **metadata})
+        save_file(dict(tensors), path, metadata=with_save_id({"format": "pt", **metadata}))
 
 
 def read_shard(path: str) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
@@ -359,7 +363,7 @@ def save_rng(
     from safetensors.torch import save_file
 
     tensors, metadata = states if states is not None else rng_states(extra_generators)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, path, metadata=metadata)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, path, metadata=with_save_id(dict(metadata)))
 
 
 def load_rng(path: str, extra_generators: Mapping[str, torch.Generator] | None = None) -> None:

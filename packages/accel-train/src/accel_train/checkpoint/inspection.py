@@ -7,20 +7,28 @@ before loading (`accel_train.checkpoint.checks.folder_checks`: damaged files fro
 `accel_train.checkpoint.integrity`, pickles against the allow-lists of `accel_train.checkpoint.safety`),
 imported only when asked for. Unlike ``load_state``, which stops at the first problem, every file is
 checked and every problem reported.
+
+When the manifest records the folder's files (``files``, `accel_train.checkpoint.file_record`), each one is
+compared with its record: gone (missing), another size (damaged, both sizes named) or not recorded (a note:
+added after the save). When it records the save's id, each safetensors file whose header names another
+save is reported (mixed: the folder holds files of two saves). These need no torch either.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from accel_state.errors import CorruptCheckpointError, UnsafeCheckpointError
+from accel_train.checkpoint.file_record import compare_files
 from accel_train.checkpoint.manifest import read_manifest_file
-from accel_train.checkpoint.names import MANIFEST_NAME, rng_file
+from accel_train.checkpoint.names import FILE_NAMES, MANIFEST_NAME, rng_file
 from accel_train.checkpoint.portability import where_it_loads
+from accel_train.checkpoint.save_id import header_save_id
 
-__all__ = ["DAMAGED", "GOOD", "MISSING", "UNCHECKED", "UNSAFE", "inspect_checkpoint"]
+__all__ = ["DAMAGED", "GOOD", "MISSING", "MIXED", "UNCHECKED", "UNSAFE", "inspect_checkpoint"]
 
 #: The verdicts of a report (``status``) and the kinds of its problems.
 GOOD = "good"
@@ -28,6 +36,11 @@ UNCHECKED = "unchecked"
 MISSING = "missing"
 DAMAGED = "damaged"
 UNSAFE = "unsafe"
+#: A file written by another save than the manifest's (its header names another save id).
+MIXED = "mixed"
+
+#: The files each process adds to a folder its main process saved alone (``process_files: callers``).
+_PER_PROCESS_RE = re.compile(rf"^(?:{FILE_NAMES['rng']}|{FILE_NAMES['grads']})_\d+\.safetensors$")
 
 #: The manifest's lists of entries, with the kind of object each names.
 _ENTRY_LISTS = {
@@ -75,6 +88,60 @@ def _problem(path: str, error: BaseException) -> dict[str, str]:
         kind = DAMAGED
     text = str(error) if isinstance(error, (CorruptCheckpointError, UnsafeCheckpointError, OSError)) else ""
     return {"path": path, "kind": kind, "message": text or f"{type(error).__name__}: {error}"}
+
+
+def _record_findings(
+    folder: str, manifest: Mapping[str, Any], files: list[dict[str, Any]]
+) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """The problems and notes from comparing the folder with the manifest's record of it (``save_id`` and
+    ``files``; a file of another save first: it says why its size differs too); each item of ``files``
+    gains ``recorded``: its recorded size, or `None`."""
+    recorded = manifest.get("files")
+    problems: list[dict[str, str]] = []
+    notes: list[dict[str, str]] = []
+    sizes = recorded if isinstance(recorded, dict) else {}
+    for item in files:
+        item["recorded"] = sizes.get(item["path"])
+    save_id = manifest.get("save_id")
+    if isinstance(save_id, str):
+        for item in files:
+            if not item["path"].endswith(".safetensors"):
+                continue
+            other = header_save_id(os.path.join(folder, item["path"]))
+            if other is not None and other != save_id:
+                message = (
+                    f"{item['path']} was written by save {other}, the manifest by save {save_id}: the folder "
+                    "mixes files of two saves"
+                )
+                problems.append({"path": item["path"], "kind": MIXED, "message": message})
+    if isinstance(recorded, dict):
+        found = compare_files(folder, recorded)
+        for path in found.missing:
+            message = f"{path} is listed by the manifest ({recorded[path]} bytes when saved) but absent"
+            problems.append({"path": path, "kind": MISSING, "message": message})
+        for path, size, actual in found.resized:
+            message = (
+                f"{path} is {actual} bytes, but was {size} bytes when saved (the manifest's record): "
+                "cut short, grown or replaced since"
+            )
+            problems.append({"path": path, "kind": DAMAGED, "message": message})
+        callers = manifest.get("process_files") == "callers"
+        for path in found.extra:
+            if callers and _PER_PROCESS_RE.match(path):
+                continue  # added by its process after the main process published the folder
+            message = f"{path} is not in the manifest's record of the save's files: added after the save"
+            notes.append({"path": path, "message": message})
+    return problems, notes
+
+
+def _merged(first: list[dict[str, str]], then: list[dict[str, str]]) -> list[dict[str, str]]:
+    """``first`` and ``then`` with one problem per path: the first found, unless a later one is unsafe."""
+    merged: dict[str, dict[str, str]] = {}
+    for problem in [*first, *then]:
+        known = merged.get(problem["path"])
+        if known is None or (problem["kind"] == UNSAFE and known["kind"] != UNSAFE):
+            merged[problem["path"]] = problem
+    return list(merged.values())
 
 
 def _io_and_entries(strategy: str | None) -> tuple[Any, Any]:
@@ -125,10 +192,13 @@ def _check_files(folder: str, strategy: str | None) -> tuple[set[str], list[dict
 def inspect_checkpoint(folder: str, check_files: bool = True) -> dict[str, Any]:
     """Inspect the checkpoint ``folder``: a JSON-ready report.
 
-    ``{"folder", "manifest", "files": [{"path", "size", "checked"}], "problems": [{"path", "kind",
-    "message"}], "loads_on": {"process_counts", "backends", "notes"}, "status"}``, where a problem's kind
-    is ``missing``, ``damaged`` or ``unsafe``, and ``status`` is ``unsafe`` when any file would run code,
-    else ``damaged`` when any is missing or damaged, else ``good`` (``unchecked`` when the files were not
+    ``{"folder", "manifest", "save_id", "files": [{"path", "size", "recorded", "checked"}], "problems":
+    [{"path", "kind", "message"}], "notes": [{"path", "message"}], "loads_on": {"process_counts",
+    "backends", "notes"}, "status"}``, where ``save_id`` is the manifest's (`None` without one),
+    ``recorded`` a file's size in the manifest's record (`None`: not recorded), a problem's kind is
+    ``missing``, ``damaged``, ``mixed`` (written by another save than the manifest) or ``unsafe``, a note
+    names a file present but not recorded, and ``status`` is ``unsafe`` when any file would run code, else
+    ``damaged`` when any is missing, damaged or mixed, else ``good`` (``unchecked`` when the files were not
     checked and none is missing).
 
     Args:
@@ -155,11 +225,13 @@ def inspect_checkpoint(folder: str, check_files: bool = True) -> dict[str, Any]:
             problems.append(
                 {"path": entry, "kind": MISSING, "message": f"{entry} ({what}) is listed by the manifest but absent"}
             )
+    recorded, notes = _record_findings(folder, manifest or {}, files)
+    problems = _merged(problems, recorded)
     checked: set[str] = {MANIFEST_NAME} if os.path.isfile(manifest_path) else set()  # read and validated
     if check_files:
         found_checked, found = _check_files(folder, (manifest or {}).get("strategy"))
         checked |= found_checked
-        problems += found
+        problems = _merged(problems, found)
     read_folders = {path.split("/", 1)[0] for path in checked if "/" in path}  # their .metadata was read
     for item in files:
         path = item["path"]
@@ -176,8 +248,10 @@ def inspect_checkpoint(folder: str, check_files: bool = True) -> dict[str, Any]:
     return {
         "folder": os.path.abspath(folder),
         "manifest": manifest,
+        "save_id": (manifest or {}).get("save_id"),
         "files": files,
         "problems": problems,
+        "notes": notes,
         "loads_on": where_it_loads(folder, manifest),
         "status": status,
     }

@@ -29,6 +29,12 @@ field                       type        what
                                         their random states (DDP, saved by the main process alone)
 ``models`` ... ``custom``   list        the entries written for each kind of object
 ``scaler``                  str/null    the fp16 gradient scaler's file
+``save_id``                 str         the id of the ``save_state`` call that wrote the folder, the same
+                                        on every process and in the header of each safetensors file it
+                                        wrote (`accel_train.checkpoint.save_id`)
+``files``                   object      every file of the folder but the manifest: relative path (``/``
+                                        between folders) -> size in bytes, recorded once every
+                                        process's files were written (`accel_train.checkpoint.file_record`)
 ==========================  ==========  ==================================================================
 """
 
@@ -61,10 +67,12 @@ MANIFEST_FIELDS: dict[str, tuple[type, ...]] = {
     "dataloaders": (list,),
     "custom": (list,),
     "scaler": (str, type(None)),
+    "save_id": (str,),
+    "files": (dict,),
 }
 
 #: Inside these objects, what each value must be (a size per dimension; a version string per library).
-_VALUE_TYPES: dict[str, tuple[type, ...]] = {"mesh": (int,), "versions": (str,)}
+_VALUE_TYPES: dict[str, tuple[type, ...]] = {"mesh": (int,), "versions": (str,), "files": (int,)}
 
 
 def _is(value: Any, types: tuple[type, ...]) -> bool:
@@ -88,7 +96,22 @@ def manifest_problem(data: Any) -> str | None:
                 return f"{key}[{name!r}] = {str(value)[:80]!r}"
     if isinstance(data.get("num_processes"), int) and data["num_processes"] < 1:
         return f"'num_processes' = {data['num_processes']}"
+    if "save_id" in data and not data["save_id"]:
+        return "'save_id' = '' (an empty id)"
+    for path, size in data.get("files", {}).items():
+        if size < 0:
+            return f"files[{path!r}] = {size} (a negative size)"
+        if not _inside(path):
+            return f"files[{path!r}] (not a relative path inside the folder)"
     return None
+
+
+def _inside(path: str) -> bool:
+    """Whether ``path`` is a relative path that stays inside the folder (no ``..``, not absolute)."""
+    parts = path.replace("\\", "/").split("/")
+    return (
+        bool(path) and not path.startswith("/") and ":" not in parts[0] and all(p not in ("", ".", "..") for p in parts)
+    )
 
 
 def read_manifest_file(path: str) -> dict[str, Any]:

@@ -118,17 +118,25 @@ PUBLISHED = "published"
 FAILED = "failed:"
 
 
-def tell_waiters(store: Any, key: str, failure: BaseException | None) -> None:
-    """Leave under ``key`` whether the writer's save was published (``failure`` is `None`) or failed."""
-    store.set(key, PUBLISHED if failure is None else FAILED + (describe(failure) or ""))
+def published(save_id: str = "") -> str:
+    """The store value of a published save, with the save's id for the processes that add their files."""
+    return f"{PUBLISHED}:{save_id}" if save_id else PUBLISHED
 
 
-def wait_for_writer(store: Any, key: str) -> None:
-    """Wait until the writer of a save has left its outcome under ``key``; raise the writer's own error
-    (the same `OSError` it raised) when its save failed."""
+def tell_waiters(store: Any, key: str, failure: BaseException | None, save_id: str = "") -> None:
+    """Leave under ``key`` whether the writer's save was published (``failure`` is `None`; with the save's
+    id) or failed."""
+    store.set(key, published(save_id) if failure is None else FAILED + (describe(failure) or ""))
+
+
+def wait_for_writer(store: Any, key: str) -> str:
+    """Wait until the writer of a save has left its outcome under ``key``; return the save's id (``""``
+    when the writer gave none), or raise the writer's own error (the same `OSError` it raised) when its
+    save failed."""
     store.wait([key])
     answer = store.get(key).decode()
     if answer.startswith(FAILED):
         error = combined_error([answer[len(FAILED) :]], "save_state")
         if error is not None:
             raise error
+    return answer.partition(":")[2] if answer.startswith(PUBLISHED) else ""

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from accel_state.constants import RNG_STATE_NAME, SCALER_NAME
-from accel_train.checkpoint.checks import check_folder, check_model_shapes
+from accel_train.checkpoint.checks import check_folder, check_model_shapes, check_recorded_sizes
 from accel_train.checkpoint.names import custom_file, dataloader_file, rng_file, scheduler_file
 
 logger = logging.getLogger(__name__)
@@ -127,6 +127,7 @@ def read_objects(
     process_index: int,
     strict: bool = True,
     distributed: bool = False,
+    manifest: Mapping[str, Any] | None = None,
 ) -> None:
     """Restore every object of ``objects`` from ``folder`` (never unpickling); called on every rank.
 
@@ -140,6 +141,9 @@ def read_objects(
         process_index: this process's rank (its random-state file).
         strict: every model key must match.
         distributed: every process calls this on the same folder (the checks are shared out between them).
+        manifest: the folder's manifest; a file it records with another size is refused before anything
+            is loaded (`check_recorded_sizes()`, after the file checks: a file that would run code is
+            named as such first).
     """
     import torch.distributed as dist
 
@@ -147,6 +151,7 @@ def read_objects(
     grouped = distributed and dist.is_available() and dist.is_initialized()
     ranks = range(dist.get_world_size()) if grouped else [process_index]  # whose own files the run reads
     check_folder(folder, io_, distributed=distributed, ranks=ranks, entries=strategy.checkpoint_entries())
+    check_recorded_sizes(folder, manifest)
     check_model_shapes(folder, objects.models, model_entries, strategy)
     for model, entry in zip(objects.models, model_entries):
         strategy.load_model_checkpoint(model, folder, entry, device, strict=strict)

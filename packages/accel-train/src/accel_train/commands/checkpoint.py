@@ -2,9 +2,10 @@
 is sound, and where it loads.
 
 Exit status: 0 when every file checks out (with ``--manifest-only``: when no file the manifest lists is
-missing), 1 when a file is missing or damaged, 3 when a file would run code when loaded (unsafe; it wins
-over 1), 2 when ``PATH`` is not a folder (and for wrong arguments, as argparse does). Parsing, help and
-``--manifest-only`` never import torch.
+missing, of another size than recorded or of another save), 1 when a file is missing, damaged or of
+another save, 3 when a file would run code when loaded (unsafe; it wins over 1), 2 when ``PATH`` is not a
+folder (and for wrong arguments, as argparse does). Parsing, help and ``--manifest-only`` never import
+torch.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ _SHOWN_FIRST = (
     "versions",
 )
 
+#: The manifest's fields the text report shows elsewhere (the save id on its own line, the record of the
+#: files beside each file), not in the manifest's part.
+_SHOWN_ELSEWHERE = ("save_id", "files")
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``checkpoint`` (with its sub-command ``inspect``) to the ``accel`` sub-parsers."""
@@ -56,10 +61,11 @@ def _add_inspect(commands: Any) -> argparse.ArgumentParser:
     inspect = commands.add_parser(
         "inspect",
         help="Print a checkpoint's manifest, check every file, and say where it loads.",
-        description="Print a checkpoint's manifest (the run that saved it), check every file as load_state "
-        "does (sizes, damage, pickles against the allow-lists) and say on which numbers of processes and "
-        "with which backends it loads. Exit status: 0 sound, 1 a file missing or damaged, 3 a file unsafe "
-        "(would run code), 2 not a folder.",
+        description="Print a checkpoint's manifest (the run that saved it) and its save id, compare every "
+        "file with the manifest's record (missing, other size, written by another save, added since), check "
+        "every file as load_state does (sizes, damage, pickles against the allow-lists) and say on which "
+        "numbers of processes and with which backends it loads. Exit status: 0 sound, 1 a file missing, "
+        "damaged or of another save, 3 a file unsafe (would run code), 2 not a folder.",
     )
     inspect.add_argument("path", help="The checkpoint folder (what accelerator.save_state wrote).")
     inspect.add_argument("--json", action="store_true", help="Print one JSON object (for scripts).")
@@ -104,22 +110,31 @@ def _value(value: Any) -> str:
 
 def render(report: dict[str, Any]) -> str:
     """The text report: manifest, files, problems, where it loads, verdict."""
-    lines = [f"checkpoint {report['folder']}", ""]
+    lines = [f"checkpoint {report['folder']}"]
+    if report.get("save_id") is not None:
+        lines.append(f"save id: {report['save_id']}")
+    lines.append("")
     manifest = report["manifest"]
     if manifest is None:
         lines.append("manifest: none (not written by accel's save_state, or damaged)")
     else:
         lines.append("manifest:")
-        rest = sorted(key for key in manifest if key not in _SHOWN_FIRST)
+        rest = sorted(key for key in manifest if key not in _SHOWN_FIRST and key not in _SHOWN_ELSEWHERE)
         for key in [*(k for k in _SHOWN_FIRST if k in manifest), *rest]:
             lines.append(f"  {key}: {_value(manifest[key])}")
     lines += ["", "files:"]
     for item in report["files"]:
-        mark = "checked" if item["checked"] else ""
-        lines.append(f"  {item['size']:>12}  {item['path']}  {mark}".rstrip())
+        marks = ["checked"] if item["checked"] else []
+        recorded = item.get("recorded")
+        if recorded is not None and recorded != item["size"]:
+            marks.append(f"recorded {recorded}")
+        lines.append(f"  {item['size']:>12}  {item['path']}  {'  '.join(marks)}".rstrip())
     if report["problems"]:
         lines += ["", "problems:"]
         lines += [f"  {p['kind']}: {p['path']}: {p['message']}" for p in report["problems"]]
+    if report.get("notes"):
+        lines += ["", "notes:"]
+        lines += [f"  {note['path']}: {note['message']}" for note in report["notes"]]
     where = report["loads_on"]
     counts = where["process_counts"]
     shown = counts if isinstance(counts, str) else (", ".join(map(str, counts)) or "the saved number (unknown)")

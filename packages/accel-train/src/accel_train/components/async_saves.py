@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 from accel_train._lazy_modules import checkpointing as ckpt
 from accel_train.checkpoint import background, outcome
 from accel_train.checkpoint.background import AsyncCheckpointError, BackgroundSave
+from accel_train.checkpoint.file_record import record_files
 from accel_train.checkpoint.folder_lock import FolderLock
+from accel_train.checkpoint.save_id import writing_as
 
 if TYPE_CHECKING:
     from accel_train.checkpoint.staging import StagedState
@@ -148,7 +150,7 @@ class AsyncSaves:
         """The background thread: write the staged state into ``tmp``, agree, publish (writer), prune."""
         rank = self.state.process_index
         strategy = self._strategy
-        with outcome.collecting() as failures:
+        with outcome.collecting() as failures, writing_as(save_id):
             try:
                 written = ckpt.write_objects(
                     tmp,
@@ -181,8 +183,8 @@ class AsyncSaves:
                 except OSError as error:
                     failure = error
             if failure is None:
-                try:
-                    manifest.update(written)
+                try:  # every process's background writes have ended: the folder is complete
+                    manifest.update(written, save_id=save_id, files=record_files(tmp))
                     strategy.checkpoint_io.write_manifest(tmp, manifest)
                     ckpt.publish(tmp, output_dir, strategy.checkpoint_entries())
                     published = True
@@ -196,7 +198,9 @@ class AsyncSaves:
             if lock is not None:
                 lock.release()
             if key is not None and store is not None:
-                store.set(key, outcome.PUBLISHED if published else outcome.FAILED + (outcome.describe(failure) or ""))
+                store.set(
+                    key, outcome.published(save_id) if published else outcome.FAILED + (outcome.describe(failure) or "")
+                )
             elif together:
                 background.announce(store, self._published_key(save_id, output_dir, rank), failure)
         if failure is not None:
@@ -236,9 +240,9 @@ class AsyncSaves:
         def job() -> None:
             from accel_train.checkpoint.file_io import replace_file
 
-            outcome.wait_for_writer(store, key)
+            save_id = outcome.wait_for_writer(store, key)
             os.makedirs(output_dir, exist_ok=True)
-            with FolderLock(output_dir):
+            with FolderLock(output_dir), writing_as(save_id):
                 replace_file(
                     os.path.join(output_dir, ckpt.rng_file(rank)), lambda tmp: io_.save_rng(tmp, states=staged.rng)
                 )

@@ -18,7 +18,9 @@ from accel_train._lazy_modules import checkpoint_file_io as io
 from accel_train._lazy_modules import checkpointing as ckpt
 from accel_train._lazy_modules import preemption
 from accel_train.checkpoint import numbering, outcome, resume_diff, run_record
+from accel_train.checkpoint.file_record import record_files
 from accel_train.checkpoint.folder_lock import FolderLock
+from accel_train.checkpoint.save_id import new_save_id, writing_as
 from accel_train.components.async_saves import AsyncSaves
 
 __all__ = ["Checkpointer", "RemovableHandle"]
@@ -203,15 +205,17 @@ class Checkpointer(AsyncSaves):
         key = self._save_key(output_dir) if alone else None
         lock = FolderLock(output_dir) if writer else None
         tmp: str | None = None
+        save_id = ""
         published = False
         try:
-            tmp, _ = self._begin_save(output_dir, lock, key)
-            with outcome.collecting() as failures:
+            tmp, save_id = self._begin_save(output_dir, lock, key)
+            with outcome.collecting() as failures, writing_as(save_id):
                 manifest = self._write_state(tmp, writer, alone, safe_serialization)
-            self._settle(failures.first, key)
+            self._settle(failures.first, key)  # every process's files are written: the folder is complete
             failure: OSError | None = None
             if writer:
                 try:
+                    manifest.update(save_id=save_id, files=record_files(tmp))
                     self._strategy.checkpoint_io.write_manifest(tmp, manifest)
                     ckpt.publish(tmp, output_dir, self._strategy.checkpoint_entries())
                     published = True
@@ -224,7 +228,7 @@ class Checkpointer(AsyncSaves):
                     ckpt.discard(tmp)
                 lock.release()
         if key is not None:
-            outcome.tell_waiters(_default_store(), key, None)
+            outcome.tell_waiters(_default_store(), key, None, save_id=save_id)
         if config.automatic_checkpoint_naming:
             if writer:
                 removed = ckpt.prune(self._checkpoints_base(), config.total_limit, keep=output_dir)
@@ -237,22 +241,24 @@ class Checkpointer(AsyncSaves):
     def _begin_save(self, output_dir: str, lock: FolderLock | None, key: str | None) -> tuple[str, str]:
         """Writer: take the folder's lock and create this save's partial folder; every process of the save
         learns its path (or the writer's failure, raised everywhere). Returns the partial folder, and the
-        name part of process 0's (the same on every process: it names the save)."""
+        save's id: process 0's (`save_id.new_save_id()`, handed to every process in the same exchange as
+        the partial folder's name), or the writer's own when it saves alone."""
         failure: OSError | None = None
-        token = ""
+        token = save_id = ""
         if lock is not None:
             try:
                 os.makedirs(os.path.dirname(os.path.abspath(output_dir)), exist_ok=True)
                 lock.acquire()
-                token = ckpt.new_save_token()
+                token, save_id = ckpt.new_save_token(), new_save_id()
                 ckpt.begin(output_dir, token)
             except OSError as raised:
                 failure = raised
         if key is not None:  # the writer saves alone: nobody else takes part
             self._settle(failure, key)
-            return ckpt.partial_dir(output_dir, token), token
-        tokens = outcome.agree(failure, "save_state", payload=token)
-        return ckpt.partial_dir(output_dir, tokens[self._writer_rank()]), tokens[0]
+            return ckpt.partial_dir(output_dir, token), save_id
+        payloads = outcome.agree(failure, "save_state", payload=f"{token}:{save_id}" if lock is not None else "")
+        writer_token = payloads[self._writer_rank()].partition(":")[0]
+        return ckpt.partial_dir(output_dir, writer_token), payloads[0].partition(":")[2]
 
     def _writer_rank(self) -> int:
         """The process that writes this process's shared files (the main one, or the node's local main)."""
@@ -378,11 +384,11 @@ class Checkpointer(AsyncSaves):
 
         It holds the folder's lock while it writes, so a next save of the writer cannot swap the folder
         away under it; a save the writer could not finish raises the writer's error here too."""
-        outcome.wait_for_writer(_default_store(), self._save_key(output_dir))  # raises the writer's own error
+        save_id = outcome.wait_for_writer(_default_store(), self._save_key(output_dir))  # raises the writer's error
         os.makedirs(output_dir, exist_ok=True)  # another machine's folder without a shared file system
         models = list(self._models)
         weights = [self._strategy.checkpoint_weights(model) for model in models]
-        with FolderLock(output_dir):
+        with FolderLock(output_dir), writing_as(save_id):
             for hook in list(self._save_model_state_pre_hook.values()):
                 hook(models, weights, output_dir)
             io_ = self._strategy.checkpoint_io
@@ -499,6 +505,7 @@ class Checkpointer(AsyncSaves):
             process_index=self.state.process_index,
             strict=load_model_func_kwargs.pop("strict", True),
             distributed=True,
+            manifest=manifest,
         )
         grads_path = os.path.join(folder, ckpt.grads_file(self.state.process_index))
         strategy.restore_gradients(models, io_.load_weights(grads_path, device) if os.path.isfile(grads_path) else None)
