@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from accel_train.checkpoint.checks import check_contents, check_folder, check_model_shapes, check_recorded_sizes
+from accel_train.checkpoint.checks import check_contents, check_folder, check_model_shapes, warn_recorded_sizes
 from accel_train.checkpoint.folder import (
     begin,
     discard,
@@ -78,7 +78,7 @@ __all__ = [
     "check_contents",
     "check_folder",
     "check_model_shapes",
-    "check_recorded_sizes",
+    "warn_recorded_sizes",
     "custom_file",
     "dataloader_file",
     "discard",

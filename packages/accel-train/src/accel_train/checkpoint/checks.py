@@ -2,14 +2,15 @@
 
 `check_contents()` compares the folder with what the Accelerator prepared (missing and extra entries,
 named); `check_folder()` checks every file a load will read (pickles against the allow-lists, damaged
-files, links out of the folder), shared out between the processes; `check_recorded_sizes()` compares each
-file's size with the manifest's record; `check_model_shapes()` compares the saved weight shapes with the
+files, links out of the folder), shared out between the processes; `warn_recorded_sizes()` says which
+files changed size since the save; `check_model_shapes()` compares the saved weight shapes with the
 model. A refused checkpoint leaves every object as it was.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -18,7 +19,6 @@ from typing import Any
 import torch
 
 from accel_state.constants import RNG_STATE_NAME, SCALER_NAME
-from accel_state.errors import CORRUPT_HINT, CorruptCheckpointError
 from accel_train.checkpoint.file_record import compare_files
 from accel_train.checkpoint.names import (
     FILE_NAMES,
@@ -36,6 +36,8 @@ from accel_train.checkpoint.names import (
     rng_file,
     scheduler_file,
 )
+
+logger = logging.getLogger(__name__)
 
 
 def _indices(entries: list[str], pattern: str, prefer: str | None = None) -> dict[int, str]:
@@ -129,33 +131,34 @@ def check_contents(
     return [models[i] for i in range(num_models)]
 
 
-def check_recorded_sizes(folder: str, manifest: Mapping[str, Any] | None) -> None:
-    """Refuse a folder in which a file the manifest records (``files``) has another size than when it was
-    saved: cut short, grown, or replaced by a file of another save. One stat per recorded file; nothing is
-    read. A manifest without the record (older accel, another writer) and files gone since are left to the
-    other checks (`check_contents()`, `check_folder()`), which name what a load needs; run after
-    `check_folder()`, so that a file that would run code is refused as unsafe, not as resized.
+def warn_recorded_sizes(folder: str, manifest: Mapping[str, Any] | None) -> list[str]:
+    """Say which files the manifest records (``files``) hold another size than when they were saved: cut
+    short, grown, or replaced by another save's. One stat per recorded file; nothing is read.
+
+    A warning, not a refusal: a file cut short or garbled is refused by `check_folder()` already, and a
+    well-formed file put in place on purpose (other weights of the same model, another run's random
+    states) loads as the documented system loads it. Files gone since are left to `check_contents()` and
+    `check_folder()`, which name what a load needs; a manifest without the record (older accel, another
+    writer) says nothing.
 
     Args:
         folder: the checkpoint folder.
         manifest: its manifest (`None`: none).
 
-    Raises:
-        CorruptCheckpointError: naming the first such file, its recorded size and the size found.
+    Returns:
+        one line per such file (also logged as a warning), naming it and both sizes.
     """
     recorded = manifest.get("files") if manifest is not None else None
     if not isinstance(recorded, Mapping):
-        return
-    resized = compare_files(folder, recorded, with_extra=False).resized
-    if resized:
-        relative, size, actual = resized[0]
-        others = f" ({len(resized) - 1} other recorded file(s) differ too)" if len(resized) > 1 else ""
-        raise CorruptCheckpointError(
-            os.path.join(folder, relative),
-            f"a file of {size} bytes, as the manifest recorded when it was saved",
-            f"{actual} bytes{others}",
-            hint=f"{CORRUPT_HINT} A file changed on purpose: remove its entry from 'files' in the manifest.",
-        )
+        return []
+    lines = [
+        f"checkpoint file {os.path.join(folder, relative)!r} holds {actual} bytes, but the save recorded "
+        f"{size}: it changed after the save (loaded as it is now)"
+        for relative, size, actual in compare_files(folder, recorded, with_extra=False).resized
+    ]
+    for line in lines:
+        logger.warning(line)
+    return lines
 
 
 #: The ``torch.save`` files of the layout that a load reads (``random_states_{rank}.pkl`` of other tools

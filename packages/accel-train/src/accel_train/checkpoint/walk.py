@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from accel_state.constants import RNG_STATE_NAME, SCALER_NAME
-from accel_train.checkpoint.checks import check_folder, check_model_shapes, check_recorded_sizes
+from accel_train.checkpoint.checks import check_folder, check_model_shapes, warn_recorded_sizes
 from accel_train.checkpoint.names import custom_file, dataloader_file, rng_file, scheduler_file
 
 logger = logging.getLogger(__name__)
@@ -141,9 +141,8 @@ def read_objects(
         process_index: this process's rank (its random-state file).
         strict: every model key must match.
         distributed: every process calls this on the same folder (the checks are shared out between them).
-        manifest: the folder's manifest; a file it records with another size is refused before anything
-            is loaded (`check_recorded_sizes()`, after the file checks: a file that would run code is
-            named as such first).
+        manifest: the folder's manifest; a file it records with another size is named in a warning
+            before anything is loaded (`warn_recorded_sizes()`).
     """
     import torch.distributed as dist
 
@@ -151,7 +150,7 @@ def read_objects(
     grouped = distributed and dist.is_available() and dist.is_initialized()
     ranks = range(dist.get_world_size()) if grouped else [process_index]  # whose own files the run reads
     check_folder(folder, io_, distributed=distributed, ranks=ranks, entries=strategy.checkpoint_entries())
-    check_recorded_sizes(folder, manifest)
+    warn_recorded_sizes(folder, manifest)
     check_model_shapes(folder, objects.models, model_entries, strategy)
     for model, entry in zip(objects.models, model_entries):
         strategy.load_model_checkpoint(model, folder, entry, device, strict=strict)
