@@ -32,10 +32,11 @@ def partial_dir(final_dir: str, token: str | None = None) -> str:
 
 
 def new_save_token() -> str:
-    """A fresh name part for one save's partial folder."""
+    """A fresh name part for one save's partial folder; process 0's is also the save's id
+    (`accel_train.checkpoint.save_id`), so it is long enough (32 hexadecimal digits) never to repeat."""
     import secrets
 
-    return secrets.token_hex(4)
+    return secrets.token_hex(16)
 
 
 def _stale_partials(final_dir: str) -> list[str]:

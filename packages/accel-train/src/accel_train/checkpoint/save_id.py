@@ -1,6 +1,7 @@
 """The id of one ``save_state`` call, and the files that carry it.
 
-Every save gets one random id (`new_save_id()`), the same on every process of that save, recorded in the
+Every save gets one random id, the same on every process of that save: process 0's partial-folder token
+(`accel_train.checkpoint.folder.new_save_token`, handed to every process when the save begins), recorded in the
 manifest (``save_id``) and in the header metadata of the safetensors files the save writes (random states,
 accumulated gradients, model weights, per-process shards) under `SAVE_ID_KEY`. ``torch.save`` files, DCP
 folders and DeepSpeed's files keep their formats and carry no id. A folder whose files name two different
@@ -16,10 +17,9 @@ import contextlib
 import contextvars
 import json
 import struct
-import uuid
 from collections.abc import Iterator
 
-__all__ = ["SAVE_ID_KEY", "current_save_id", "header_save_id", "new_save_id", "with_save_id", "writing_as"]
+__all__ = ["SAVE_ID_KEY", "current_save_id", "header_save_id", "with_save_id", "writing_as"]
 
 #: The header metadata key of a safetensors file that holds the id of the save that wrote it.
 SAVE_ID_KEY = "accel_save_id"
@@ -28,11 +28,6 @@ SAVE_ID_KEY = "accel_save_id"
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 _current: contextvars.ContextVar[str | None] = contextvars.ContextVar("accel_save_id", default=None)
-
-
-def new_save_id() -> str:
-    """A fresh random id for one save (32 hexadecimal digits)."""
-    return uuid.uuid4().hex
 
 
 def current_save_id() -> str | None:

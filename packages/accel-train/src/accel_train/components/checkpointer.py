@@ -20,7 +20,7 @@ from accel_train._lazy_modules import preemption
 from accel_train.checkpoint import numbering, outcome, resume_diff, run_record
 from accel_train.checkpoint.file_record import record_files
 from accel_train.checkpoint.folder_lock import FolderLock
-from accel_train.checkpoint.save_id import new_save_id, writing_as
+from accel_train.checkpoint.save_id import writing_as
 from accel_train.components.async_saves import AsyncSaves
 
 __all__ = ["Checkpointer", "RemovableHandle"]
@@ -241,24 +241,23 @@ class Checkpointer(AsyncSaves):
     def _begin_save(self, output_dir: str, lock: FolderLock | None, key: str | None) -> tuple[str, str]:
         """Writer: take the folder's lock and create this save's partial folder; every process of the save
         learns its path (or the writer's failure, raised everywhere). Returns the partial folder, and the
-        save's id: process 0's (`save_id.new_save_id()`, handed to every process in the same exchange as
-        the partial folder's name), or the writer's own when it saves alone."""
+        save's id: process 0's partial-folder token (the same on every process), or the writer's own when it
+        saves alone."""
         failure: OSError | None = None
-        token = save_id = ""
+        token = ""
         if lock is not None:
             try:
                 os.makedirs(os.path.dirname(os.path.abspath(output_dir)), exist_ok=True)
                 lock.acquire()
-                token, save_id = ckpt.new_save_token(), new_save_id()
+                token = ckpt.new_save_token()
                 ckpt.begin(output_dir, token)
             except OSError as raised:
                 failure = raised
         if key is not None:  # the writer saves alone: nobody else takes part
             self._settle(failure, key)
-            return ckpt.partial_dir(output_dir, token), save_id
-        payloads = outcome.agree(failure, "save_state", payload=f"{token}:{save_id}" if lock is not None else "")
-        writer_token = payloads[self._writer_rank()].partition(":")[0]
-        return ckpt.partial_dir(output_dir, writer_token), payloads[0].partition(":")[2]
+            return ckpt.partial_dir(output_dir, token), token
+        tokens = outcome.agree(failure, "save_state", payload=token)
+        return ckpt.partial_dir(output_dir, tokens[self._writer_rank()]), tokens[0]
 
     def _writer_rank(self) -> int:
         """The process that writes this process's shared files (the main one, or the node's local main)."""
