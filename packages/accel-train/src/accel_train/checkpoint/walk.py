@@ -141,8 +141,8 @@ def read_objects(
         process_index: this process's rank (its random-state file).
         strict: every model key must match.
         distributed: every process calls this on the same folder (the checks are shared out between them).
-        manifest: the folder's manifest; a file it records with another size is named in a warning
-            before anything is loaded (`warn_recorded_sizes()`).
+        manifest: the folder's manifest; a file it records with another size is named in a warning by
+            the main process, before anything is loaded (`warn_recorded_sizes()`).
     """
     import torch.distributed as dist
 
@@ -150,7 +150,8 @@ def read_objects(
     grouped = distributed and dist.is_available() and dist.is_initialized()
     ranks = range(dist.get_world_size()) if grouped else [process_index]  # whose own files the run reads
     check_folder(folder, io_, distributed=distributed, ranks=ranks, entries=strategy.checkpoint_entries())
-    warn_recorded_sizes(folder, manifest)
+    if process_index == 0:  # one stat per file and one warning per file in the run, as the resume's differences
+        warn_recorded_sizes(folder, manifest)
     check_model_shapes(folder, objects.models, model_entries, strategy)
     for model, entry in zip(objects.models, model_entries):
         strategy.load_model_checkpoint(model, folder, entry, device, strict=strict)
