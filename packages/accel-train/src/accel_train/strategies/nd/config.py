@@ -129,7 +129,7 @@ class ParallelismConfig:
         for name in _SIZES:
             value = getattr(self, name)
             if value is None:
-                # each size has its variable in accel_state.env_vars (test_nd_config pins the rows)
+                # each size has its variable in accel_state.env_vars (test_train_nd_parallel.py pins the rows)
                 value = env_value(f"PARALLELISM_CONFIG_{name.upper()}", 1)
                 setattr(self, name, value)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
