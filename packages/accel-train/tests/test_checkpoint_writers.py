@@ -122,9 +122,11 @@ for round in range(rounds):
 
 
 def _wait_for(paths: list[str], writers: list[subprocess.Popen], deadline: float) -> None:
+    """Wait until every one of ``paths`` exists; ``paths[i]`` is written by ``writers[i]``, which may exit
+    once it has written it (after its last round), but not before."""
     while not all(os.path.exists(p) for p in paths):
-        for writer in writers:
-            if writer.poll() is not None:
+        for path, writer in zip(paths, writers, strict=True):
+            if writer.poll() is not None and not os.path.exists(path):
                 raise AssertionError(f"a writer ended early: {writer.communicate()[1][-3000:]}")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {paths}")
