@@ -7,7 +7,6 @@ import fcntl
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ import time
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from accel_state.testing import free_port  # noqa: F401  (the tests import it from here)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -95,13 +96,6 @@ def signal_after_steps(
         if process.poll() is None:
             process.kill()
     return process.returncode, out
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def final_weights(project: pathlib.Path) -> list[dict[str, torch.Tensor]]:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from conftest import accel_command, run_command
 
+from accel_state.testing import free_port
+
 REPORT = """
 import json, os, sys, time
 import torch
@@ -38,12 +40,6 @@ with open(os.path.join(out, f"rank{state.process_index}.json"), "w") as handle:
 if len(sys.argv) > 2:
     time.sleep(float(sys.argv[2]))
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _records(out: Path) -> list[dict]:
@@ -193,7 +189,7 @@ def test_two_launches_with_only_pet_variables_form_one_run(tmp_path: Path) -> No
     script.write_text(REPORT)
     out = tmp_path / "out"
     out.mkdir()
-    port = _free_port()
+    port = free_port()
     common = {
         "PET_NNODES": "2",
         "PET_NPROC_PER_NODE": "1",
@@ -242,7 +238,7 @@ def test_the_dry_run_plan_is_what_the_launch_does(tmp_path: Path) -> None:
     out.mkdir()
     config = tmp_path / "config.yaml"
     config.write_text("mixed_precision: bf16\nuse_cpu: true\ndistributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n")
-    port = _free_port()
+    port = free_port()
     args = ["launch", "--config_file", str(config), "--num_processes", "2", "--main_process_port", str(port)]
     env = {"HF_HOME": str(tmp_path / "home")}
     dry = run_command([*accel_command(), *args, "--dry_run", "--json", str(script), str(out)], env=env)

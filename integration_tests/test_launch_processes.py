@@ -8,13 +8,14 @@ rank, the world size and an all-reduce, and reports its pid.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import accel_command, run_command
+
+from accel_state.testing import free_port
 
 SCRIPT = """
 import json, os, sys
@@ -33,12 +34,6 @@ with open(os.path.join(out, f"rank{state.process_index}.json"), "w") as handle:
                "cpu": os.environ.get("ACCELERATE_USE_CPU"), "precision": os.environ.get("ACCELERATE_MIXED_PRECISION")}, handle)
 print(f"rank {state.process_index} of {state.num_processes}: all-reduce {total}")
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 def _records(out: Path) -> list[dict]:
@@ -91,7 +86,7 @@ def test_launch_two_machines_over_loopback(tmp_path: Path) -> None:
     script.write_text(SCRIPT)
     out = tmp_path / "out"
     out.mkdir()
-    port = _free_port()
+    port = free_port()
     base = [
         *accel_command(),
         "launch",

@@ -10,12 +10,7 @@ from pathlib import Path
 import pytest
 
 from accel_launch.launchers import debug_launcher, notebook_launcher
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
+from accel_state.testing import free_port
 
 
 def report_rank(out_dir: str, scale: float) -> None:
@@ -44,7 +39,7 @@ def _records(out_dir: Path) -> list[dict]:
 
 def test_notebook_launcher_two_cpu_processes(tmp_path: Path) -> None:
     notebook_launcher(
-        report_rank, (str(tmp_path), 2.0), num_processes=2, mixed_precision="bf16", use_port=str(_free_port())
+        report_rank, (str(tmp_path), 2.0), num_processes=2, mixed_precision="bf16", use_port=str(free_port())
     )
     records = _records(tmp_path)
     assert [r["rank"] for r in records] == [0, 1]

@@ -92,12 +92,9 @@ def rank_dies_once(out_dir: str) -> None:
 
 
 def test_notebook_launcher_restarts_a_killed_group(tmp_path: Path) -> None:
-    import socket
-
     from accel_launch.launchers import notebook_launcher
+    from accel_state.testing import free_port
 
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     notebook_launcher(rank_dies_once, (str(tmp_path),), num_processes=2, use_port=str(port), max_restarts=1)
     assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["1 3.0", "1 3.0"]

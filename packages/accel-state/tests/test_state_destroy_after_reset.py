@@ -15,13 +15,12 @@ from accel_state.state import AcceleratorState, PartialState
 
 SCRIPT = textwrap.dedent(
     """
-    import os, socket, sys
+    import os, sys
     import torch.distributed as dist
+    from accel_state.ports import free_port
     from accel_state.state import AcceleratorState, PartialState
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     mode = sys.argv[1]
     if mode == "adopted":

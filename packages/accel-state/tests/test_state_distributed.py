@@ -220,6 +220,28 @@ def test_pool_timeout_counts_idle_time_only(dist_pool: DistributedPool) -> None:
     assert [r["rank"] for r in dist_pool.run(process_control)] == [0, 1]  # restarted, usable again
 
 
+def rank_zero_raises_rank_one_waits() -> str:
+    import torch.distributed as dist
+
+    _state()
+    if dist.get_rank() == 0:
+        raise RuntimeError("rank 0 gave up")
+    dist.barrier()  # never joined by rank 0
+    return "not reached"
+
+
+def test_once_a_rank_raised_the_others_are_not_waited_on_for_the_whole_timeout(dist_pool: DistributedPool) -> None:
+    start = time.monotonic()
+    with pytest.raises(
+        DistributedTestFailure,
+        match=r"(?s)rank\(s\) \[1\] did not answer within 20.0 s after "
+        r"rank\(s\) \[0\] raised.*rank 0 gave up",
+    ):
+        dist_pool.run(rank_zero_raises_rank_one_waits, timeout=600)
+    assert time.monotonic() - start < 120
+    assert [r["rank"] for r in dist_pool.run(process_control)] == [0, 1]  # restarted, usable again
+
+
 def works_kept_by_collectives() -> dict[str, Any]:
     import torch.distributed as dist
 

@@ -12,9 +12,12 @@ work*. As long as the rank processes (or processes they started, such as a compi
 extension) keep using CPU, they are slow, not hung, and the wait goes on; on a loaded machine a
 long call therefore does not fail for want of CPU. A hang (ranks blocked in a collective or a lock,
 using no CPU) fails after ``timeout`` seconds as before. A rank that spins forever is left to the
-test runner's own limit (pytest-timeout). Where ``/proc`` is missing, ``timeout`` is wall time.
+test runner's own limit (pytest-timeout). Where ``/proc`` is missing, ``timeout`` is wall time. Once a
+rank has raised, the others get 20 idle seconds, not ``timeout``: they are most likely blocked in a
+collective the failed rank will never join.
 
-Smaller helpers shared by the test suites: ``reset_shared_state``, ``free_port``, and
+Smaller helpers shared by the test suites: ``reset_shared_state``, ``free_port`` (from
+``accel_state.ports``: a port kept free until the store binds it), and
 ``pickle_record_span`` for the damaged-checkpoint tests of accel-bigmodel and accel-train.
 """
 
@@ -23,17 +26,20 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue as queue_module
-import socket
 import time
 import traceback
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
+from accel_state.ports import free_port
+
 #: how often an unanswered call looks at the ranks' CPU time (seconds)
 _POLL_SECONDS = 2.0
 #: the share of one CPU the ranks must use over a poll for the wait to count as work, not idleness
 _BUSY_SHARE = 0.02
+#: once a rank has raised, how long the others may go without an answer while using no CPU (seconds)
+_IDLE_AFTER_A_FAILURE = 20.0
 
 
 def _tree_cpu_seconds(roots: list[int]) -> float | None:
@@ -80,13 +86,6 @@ def reset_shared_state() -> None:
 
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
-
-
-def free_port() -> int:
-    """A TCP port on the loopback interface that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def pickle_record_span(path: str | os.PathLike[str]) -> tuple[int, int]:
@@ -215,12 +214,15 @@ class DistributedPool:
             while len(answers) < self.world_size:
                 rank, ok, value = self._next_answer(limit)
                 answers[rank] = (ok, value)
+                if not ok:  # the other ranks most likely wait on the one that raised: do not wait long
+                    limit = min(limit, _IDLE_AFTER_A_FAILURE)
         except queue_module.Empty:
             missing = [rank for rank in range(self.world_size) if rank not in answers]
             self._restart()
             errors = {rank: value for rank, (ok, value) in answers.items() if not ok}
+            after = f" after rank(s) {sorted(errors)} raised" if errors else ""
             raise DistributedTestFailure(
-                f"{getattr(fn, '__name__', fn)}: rank(s) {missing} did not answer within {limit} s "
+                f"{getattr(fn, '__name__', fn)}: rank(s) {missing} did not answer within {limit} s{after} "
                 "in which the ranks used no CPU (a hang)"
                 + "".join(f"\n--- rank {rank} raised:\n{text}" for rank, text in errors.items())
             ) from None

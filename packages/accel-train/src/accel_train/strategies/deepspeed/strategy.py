@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from accel_state.enums import PrecisionType
+from accel_state.ports import free_port
 from accel_train import checkpointing as ckpt
 from accel_train.checkpoint.file_io import writing
 from accel_train.precisions.base import Precision
@@ -331,7 +332,7 @@ class DeepSpeedStrategy(Strategy):
 
         if not dist.is_initialized():
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+            os.environ.setdefault("MASTER_PORT", str(free_port()))
             os.environ.setdefault("RANK", str(self.state.process_index))
             os.environ.setdefault("LOCAL_RANK", str(self.state.local_process_index))
             os.environ.setdefault("WORLD_SIZE", str(self.state.num_processes))
@@ -583,11 +584,3 @@ def _split_batches(data_loaders: Sequence[Any]) -> bool:
         if getattr(loader, "split_batches", False) or getattr(sampler, "split_batches", False):
             return True
     return False
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
