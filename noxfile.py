@@ -202,15 +202,31 @@ def _warm_bytecode(session: nox.Session) -> None:
 
 
 def _pytest(session: nox.Session, report: str, *args: str, env: dict[str, str] | None = None) -> None:
+    """pytest with a JUnit report and a CPU-time record per test (tools/cpu_per_test.py) in ``.nox-reports``,
+    which the summary session adds up: CI is CPU-bound, so the CPU seconds say which tests are dear."""
     REPORTS.mkdir(exist_ok=True)
     _warm_bytecode(session)
-    session.run("pytest", "-q", "-ra", f"--junitxml={REPORTS / report}.xml", *args, *session.posargs, env=env)
+    cpu_record = REPORTS / f"cpu-{report}.jsonl"
+    cpu_record.unlink(missing_ok=True)
+    tools_path = os.pathsep.join(filter(None, [str(ROOT / "tools"), (env or {}).get("PYTHONPATH")]))
+    env = {**(env or {}), "CPU_PER_TEST_OUT": str(cpu_record), "PYTHONPATH": tools_path}
+    session.run(
+        "pytest",
+        "-q",
+        "-ra",
+        "-p",
+        "cpu_per_test",
+        f"--junitxml={REPORTS / report}.xml",
+        *args,
+        *session.posargs,
+        env=env,
+    )
 
 
 @nox.session(python=False, tags=["ci"])
 def clean_reports(session: nox.Session) -> None:
     """Start a CI run with no test report of an earlier run."""
-    for report in REPORTS.glob("*.xml"):
+    for report in [*REPORTS.glob("*.xml"), *REPORTS.glob("cpu-*.jsonl")]:
         report.unlink()
 
 

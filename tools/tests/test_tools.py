@@ -89,6 +89,16 @@ def test_summary_counts_junit_reports(tmp_path: pathlib.Path) -> None:
     assert test_summary.count(tmp_path) == (4, 2, 2)
 
 
+def test_summary_adds_up_the_cpu_records_per_run_and_names_the_dearest_tests(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "cpu-integration.jsonl").write_text(
+        '{"id": "t.py::a", "self": 1.0, "children": 30.5}\n{"id": "t.py::b", "self": 2.0, "children": 0.0}\n'
+    )
+    (tmp_path / "cpu-tests-accel.jsonl").write_text('{"id": "u.py::c", "self": 10.0, "children": 0.0}\n\n')
+    runs, dearest = test_summary.cpu_seconds(tmp_path, how_many=2)
+    assert runs == [(33.5, "integration (2 tests)"), (10.0, "tests-accel (1 tests)")]
+    assert dearest == [(31.5, "integration: t.py::a"), (10.0, "tests-accel: u.py::c")]
+
+
 def test_affected_cli_runs() -> None:
     out = subprocess.run(
         [sys.executable, str(TOOLS / "affected.py"), "--files", "packages/accel-launch/x"],
