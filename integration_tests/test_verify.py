@@ -1,9 +1,12 @@
-"""`accel verify` through the real launcher on gloo processes: FSDP2 agrees with DDP; a loss scaled by the
-process index is caught at step 1 and named; a script that never calls ``backward`` or ends before the
-steps asked for is one clear line with exit status 2; ``--resume-at``: DDP resumed by the recorder equals
-its uninterrupted run, and a script that resumes by itself but skips the seen batches twice is caught at
-the first step after the resume; layouts: dp_shard x tp on 4 processes in bf16 (against DDP on its 2
-data-parallel ranks, with the looser bf16 tolerance) and ZeRO-3 without the 16-bit export."""
+"""`accel verify` through the real launcher on gloo processes: FSDP2 agrees with DDP; deliberate mistakes are
+caught at step 1 and named (a loss scaled by the process index, weights initialized per process under FSDP2
+without synced module states, a row-parallel layer left without its all-reduce, an optimizer never passed to
+prepare under FSDP2); a script that never calls ``backward`` or ends before the steps asked for is
+one clear line with exit status 2; ``--resume-at``: DDP resumed by the recorder equals its uninterrupted run,
+and a script that resumes by itself but skips the seen batches twice is caught at the first step after the
+resume; layouts: dp_shard x tp on 4 processes in bf16 (against DDP on its 2 data-parallel ranks, with the
+looser bf16 tolerance) and ZeRO-3 without the 16-bit export; before a release, ``--resume-at 2`` in every
+layout."""
 
 from __future__ import annotations
 
@@ -34,14 +37,23 @@ SCRIPT = textwrap.dedent(
 
     args = sys.argv[1:]
     batches = int(args[args.index("--batches") + 1]) if "--batches" in args else 16
+    if "--tp-no-reduce" in args:  # the deliberate mistake: 'mid' keeps its partial sums (no all-reduce)
+        from torch.distributed.tensor import Partial
+        from torch.distributed.tensor.parallel import RowwiseParallel
+
+        Net._tp_plan = {"inp": "colwise", "mid": RowwiseParallel(output_layouts=Partial())}
     accelerator = Accelerator()
-    torch.manual_seed(0)
+    # the deliberate mistake: each process initializes its own weights (DDP and synced FSDP hide it)
+    torch.manual_seed(accelerator.process_index if "--init-per-rank" in args else 0)
     model = Net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     generator = torch.Generator().manual_seed(1)
     data = torch.utils.data.TensorDataset(torch.randn(64, 4, generator=generator), torch.randn(64, 1, generator=generator))
     loader = torch.utils.data.DataLoader(data, batch_size=4)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    if "--optimizer-not-prepared" in args:  # the deliberate mistake: the optimizer keeps the unprepared parameters
+        model, loader = accelerator.prepare(model, loader)
+    else:
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     if "--resume" in args:  # the script's own resume (accel verify --resume-args gives these)
         accelerator.load_state(args[args.index("--resume") + 1])
         seen = int(args[args.index("--resume-step") + 1])
@@ -112,6 +124,43 @@ def test_a_loss_scaled_by_the_process_index_is_caught_at_step_1(script, tmp_path
     assert divergences[0].startswith("first divergence: loss at step 1: ")
     assert any(line.startswith("first divergence: parameters after step 2: ") for line in divergences)
     assert result.stdout.strip().endswith("accel verify: the runs differ")
+
+
+def test_weights_initialized_per_process_are_caught_at_step_1_under_fsdp2_without_synced_states(
+    script, tmp_path
+) -> None:
+    # the launcher's defaults (cpu_ram_efficient_loading, which implies sync_module_states) load process 0's weights
+    fsdp2 = ["--use_fsdp", "--fsdp_version", "2", "--fsdp_cpu_ram_efficient_loading", "false"]
+    fsdp2 += ["--fsdp_sync_module_states", "false"]
+    result = _verify(["--num_processes", "2", *fsdp2, "--steps", "2", str(script), "--init-per-rank"], tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    # DDP (the reference) starts every process from process 0's weights; each FSDP2 shard kept its own
+    divergences = [line for line in result.stdout.splitlines() if line.startswith("first divergence:")]
+    assert divergences[0].startswith("first divergence: loss at step 1: "), result.stdout
+    assert any(line.startswith("first divergence: parameters after step 2: ") for line in divergences)
+
+
+def test_a_row_parallel_layer_left_without_its_reduction_is_caught_at_step_1(script, tmp_path) -> None:
+    tp = ["--use_parallelism_config", "--parallelism_config_tp_size", "2"]
+    result = _verify(["--num_processes", "2", *tp, "--steps", "2", str(script), "--tp-no-reduce"], tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "accel verify: reference: ddp on 1 process(es), one per data-parallel rank of the run" in result.stdout
+    divergences = [line for line in result.stdout.splitlines() if line.startswith("first divergence:")]
+    assert divergences[0].startswith("first divergence: loss at step 1: "), result.stdout
+
+
+def test_an_optimizer_never_passed_to_prepare_is_caught_at_step_1_under_fsdp2_and_named(script, tmp_path) -> None:
+    fsdp2 = ["--use_fsdp", "--fsdp_version", "2"]
+    result = _verify(
+        ["--num_processes", "2", *fsdp2, "--steps", "2", str(script), "--optimizer-not-prepared"], tmp_path
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    # under DDP (the reference) it still holds the model's parameters; FSDP2 replaced them by shards it never
+    # updates: its own parameters get no gradient (norm 0 at step 1), and the loss parts at step 2
+    divergences = [line for line in result.stdout.splitlines() if line.startswith("first divergence:")]
+    assert divergences[0].startswith("first divergence: grad norm at step 1: 0 vs reference "), result.stdout
+    assert any(line.startswith("first divergence: loss at step 2: ") for line in divergences)
+    assert "note: the script steps an optimizer it never passed to accelerator.prepare" in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -192,3 +241,34 @@ def test_zero3_without_the_16bit_export_agrees_with_one_process(script, tmp_path
     assert "note: grad norm: not recorded by one of the runs (fp16 scaler or DeepSpeed), not compared" in result.stdout
     saved = json.loads(record.read_text())
     assert saved["records"]["run"]["distributed_type"] == "DEEPSPEED" and saved["parameter_max_abs_diff"]
+
+
+_DEEPSPEED = pytest.mark.skipif(not is_deepspeed_available(), reason='needs "accel-train[deepspeed]"')
+#: Layouts whose ``--resume-at`` run must equal its own uninterrupted run (and the run its DDP reference).
+RESUME_LAYOUTS = {
+    "fsdp2": ["--num_processes", "2", "--use_fsdp", "--fsdp_version", "2"],
+    "fsdp1": ["--num_processes", "2", "--use_fsdp", "--fsdp_version", "1"],
+    "zero2": ["--num_processes", "2", "--use_deepspeed", "--zero_stage", "2"],
+    "zero3": ["--num_processes", "2", "--use_deepspeed", "--zero_stage", "3", "--zero3_init_flag", "false"],
+    "tp": ["--num_processes", "2", "--use_parallelism_config", "--parallelism_config_tp_size", "2"],
+    "dp_shard-x-tp": ["--num_processes", "4", "--use_parallelism_config", "--parallelism_config_dp_shard_size", "2"]
+    + ["--parallelism_config_tp_size", "2"],
+    "bf16": ["--num_processes", "2", "--mixed_precision", "bf16"],
+    "accumulation-2": ["--num_processes", "2", "--gradient_accumulation_steps", "2"],
+}
+
+
+@pytest.mark.release(
+    covered_by="test_ddp_resumed_after_step_2_by_the_recorder_continues_like_the_uninterrupted_run (the recorder's "
+    "resume) and accel-train's test_contract_resume.py::test_a_resumed_run_equals_the_uninterrupted_one (exact "
+    "resume of every backend)"
+)
+@pytest.mark.parametrize(
+    "layout",
+    [pytest.param(name, marks=[_DEEPSPEED] if name.startswith("zero") else []) for name in RESUME_LAYOUTS],
+)
+def test_resume_at_2_continues_like_the_uninterrupted_run_in_every_layout(script, tmp_path, layout: str) -> None:
+    result = _verify([*RESUME_LAYOUTS[layout], "--steps", "3", "--resume-at", "2", str(script)], tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "accel verify: resumed: saved after step 2, loaded by the recorder, steps 3-3" in result.stdout
+    assert result.stdout.strip().endswith("accel verify: the runs agree")

@@ -15,7 +15,13 @@ from accel_launch.commands.launch import plan_launch
 from accel_launch.commands.verify import main, verify_parser
 from accel_launch.launch_args import given_flags, launch_command_parser
 from accel_launch.verify import verify
-from accel_launch.verify.compare import Tolerance, compare_parameters, compare_steps, tolerance_for
+from accel_launch.verify.compare import (
+    UNPREPARED_OPTIMIZER_NOTE,
+    Tolerance,
+    compare_parameters,
+    compare_steps,
+    tolerance_for,
+)
 from accel_launch.verify.report import format_report
 from accel_launch.verify.runs import VerifyError, flags_to_argv, reference_argv, reference_env
 
@@ -80,6 +86,18 @@ def test_the_first_divergence_of_each_quantity_is_named_by_step() -> None:
 def test_a_quantity_one_run_did_not_record_is_noted_not_failed() -> None:
     comparison = compare_steps(_record([1.0], norms=[None]), _record([1.0]), TIGHT)
     assert comparison.agree and any("grad norm: not recorded" in note for note in comparison.notes)
+
+
+def test_an_optimizer_never_prepared_is_named_in_a_note() -> None:
+    unprepared = {**_record([1.0, 0.9]), "optimizer_prepared": False}
+    prepared = {**_record([1.0, 0.5]), "optimizer_prepared": True}
+    comparison = compare_steps(unprepared, prepared, TIGHT)
+    assert not comparison.agree and comparison.divergences[0].step == 2
+    assert [note for note in comparison.notes if "never passed to accelerator.prepare" in note] == [
+        UNPREPARED_OPTIMIZER_NOTE
+    ]
+    assert compare_steps(prepared, prepared, TIGHT).notes == []
+    assert "note: the script steps an optimizer it never passed" in format_report(comparison, "run", "reference")
 
 
 def test_the_parameter_with_the_largest_difference_is_named() -> None:

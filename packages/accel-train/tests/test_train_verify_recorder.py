@@ -101,6 +101,44 @@ def test_the_recorded_loss_is_the_mean_of_the_micro_steps_and_the_norm_the_gradi
     assert step["lr"] == pytest.approx(0.5)
 
 
+def test_an_optimizer_never_prepared_is_followed_and_named_then_let_go(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "run.json"
+    monkeypatch.setenv(RECORD_VAR, str(path))
+    monkeypatch.setenv(STEPS_VAR, "2")
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.3)  # the mistake: never passed to prepare
+    model = accelerator.prepare(model)
+    generator = torch.Generator().manual_seed(1)
+    with pytest.raises(SystemExit) as ended:
+        for _ in range(5):
+            accelerator.backward(model(torch.randn(4, 3, generator=generator)).pow(2).mean())
+            optimizer.step()
+            optimizer.zero_grad()
+    assert ended.value.code == 0
+    record = json.loads(path.read_text())
+    assert record["complete"] is True and record["optimizer_prepared"] is False
+    assert [step["step"] for step in record["steps"]] == [1, 2]
+    assert all(step["lr"] == pytest.approx(0.3) and step["grad_norm"] > 0 for step in record["steps"])
+    # the run is over: another optimizer's steps in this process are not followed any more
+    written = path.read_text()
+    other = torch.nn.Linear(2, 1)
+    later = torch.optim.SGD(other.parameters(), lr=0.1)
+    other(torch.ones(1, 2)).sum().backward()
+    later.step()
+    assert path.read_text() == written
+
+
+def test_a_prepared_optimizer_is_recorded_as_prepared(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "run.json"
+    monkeypatch.setenv(RECORD_VAR, str(path))
+    monkeypatch.setenv(STEPS_VAR, "1")
+    with pytest.raises(SystemExit):
+        _train(Accelerator(cpu=True), micro_steps=3)
+    assert json.loads(path.read_text())["optimizer_prepared"] is True
+
+
 def test_a_run_that_stops_early_leaves_an_incomplete_record(tmp_path, monkeypatch) -> None:
     path = tmp_path / "run.json"
     monkeypatch.setenv(RECORD_VAR, str(path))

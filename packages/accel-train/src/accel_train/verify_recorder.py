@@ -7,7 +7,10 @@ around each real step (not on accumulation steps; under DeepSpeed, whose engine 
 ``backward``, when the script calls ``optimizer.step()`` at the boundary). Per optimizer step it keeps
 the mean of the losses given to ``backward`` (averaged over the processes), the global gradient norm
 just before the step (the strategy's own norm over shards, after any clipping the script did) and the
-learning rate of the first parameter group at the step's first ``backward``. After ``n`` steps it gathers the full parameters, writes the record (main
+learning rate of the first parameter group at the step's first ``backward``. A script that steps an
+optimizer it never passed to ``prepare`` is followed too (through torch's global optimizer hooks, from its
+first ``backward``), and the record says so (``optimizer_prepared: false``): under FSDP, DeepSpeed or tensor
+parallelism such an optimizer updates parameters the prepared model no longer uses. After ``n`` steps it gathers the full parameters, writes the record (main
 process only), waits for every process and ends the run with ``SystemExit(0)`` on every rank.
 
 The record is JSON (``format`` 1) rewritten after every step with ``complete: false`` until the last,
@@ -154,6 +157,9 @@ class VerifyRecorder:
             self.point = ResumePoint.read(str(resume_dir))
         #: The number of the first step this run records (after the resume point when resuming).
         self.first_step = 1 if self.point is None else self.point.step + 1
+        #: False once the run steps an optimizer it never passed to ``prepare`` (followed instead, see below).
+        self.optimizer_prepared: bool | None = None
+        self._unprepared_hooks: list[Any] | None = None
         self._write(complete=False)
 
     # -- hooks ----------------------------------------------------------------------------------------
@@ -161,8 +167,37 @@ class VerifyRecorder:
     def attach(self, optimizer: Any) -> None:
         """Follow ``optimizer``'s steps (the first prepared optimizer only: its steps are the ones counted)."""
         if self._optimizer is None:
+            self._stop_following_unprepared_optimizers()
             self._optimizer = optimizer
+            self.optimizer_prepared = True
             optimizer._verify_hook = self
+
+    def _follow_unprepared_optimizers(self) -> None:
+        """Count the steps of an optimizer the script never passed to ``prepare`` (from its first ``backward``
+        with no prepared optimizer, until one is prepared or the run ends).
+
+        Such a script trains under DDP (whose model keeps its parameters) but not under FSDP, DeepSpeed or
+        tensor parallelism, whose prepared model has new parameters the optimizer does not hold: following it
+        lets the comparison show where the runs part (and the record says the optimizer was not prepared),
+        instead of a run that recorded no step. torch's global optimizer hooks see every optimizer's step.
+        """
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        def before(optimizer: Any, args: Any, kwargs: Any) -> None:
+            self.optimizer_prepared = False
+            if optimizer.param_groups:
+                self._lr = _number(optimizer.param_groups[0].get("lr"))
+            self.before_step(optimizer)
+
+        def after(optimizer: Any, args: Any, kwargs: Any) -> None:
+            self.after_step(optimizer)
+
+        self._unprepared_hooks = [register_optimizer_step_pre_hook(before), register_optimizer_step_post_hook(after)]
+
+    def _stop_following_unprepared_optimizers(self) -> None:
+        for handle in self._unprepared_hooks or ():
+            handle.remove()
+        self._unprepared_hooks = None
 
     def after_prepare(self) -> None:
         """Objects were prepared: a run resumed by the recorder loads the state once the script has prepared
@@ -196,6 +231,8 @@ class VerifyRecorder:
         if self.resume is not None and not self.loaded and self.backward_calls == 0:
             raise RuntimeError(self._not_resumed())
         self.backward_calls += 1
+        if self._optimizer is None and self._unprepared_hooks is None:
+            self._follow_unprepared_optimizers()
         if not self._losses and self._optimizer is not None:
             # the rate this step uses, read before anything can step a scheduler (DeepSpeed's engine
             # steps its optimizer and scheduler inside backward)
@@ -291,6 +328,7 @@ class VerifyRecorder:
         return None if norm is None else _number(norm)
 
     def _finish(self) -> None:
+        self._stop_following_unprepared_optimizers()
         accelerator = self.accelerator
         weights: dict[str, torch.Tensor] = {}
         models = list(accelerator._models)
@@ -334,6 +372,7 @@ class VerifyRecorder:
             "data_parallel_size": _data_parallel_size(self.accelerator),
             "distributed_type": self.accelerator.distributed_type.name,
             "mixed_precision": str(self.accelerator.mixed_precision),
+            "optimizer_prepared": self.optimizer_prepared,
             "steps": self.records,
             "params_file": os.path.basename(self.path) + ".params.pt" if complete else None,
         }

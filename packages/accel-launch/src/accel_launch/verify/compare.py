@@ -161,6 +161,14 @@ class Comparison:
         }
 
 
+#: The note of a script that steps an optimizer it never passed to ``prepare`` (the recorder follows it).
+UNPREPARED_OPTIMIZER_NOTE = (
+    "the script steps an optimizer it never passed to accelerator.prepare: under DDP it still holds the model's "
+    "parameters, but FSDP, DeepSpeed and tensor parallelism give the prepared model new ones, which it never "
+    "updates; pass it to prepare"
+)
+
+
 def compare_steps(run: Mapping[str, Any], reference: Mapping[str, Any], tolerance: Tolerance) -> Comparison:
     """Compare the per-step quantities of two records (the parameters: `compare_parameters()`)."""
     result = Comparison(tolerance)
@@ -183,6 +191,8 @@ def compare_steps(run: Mapping[str, Any], reference: Mapping[str, Any], toleranc
     result.divergences = sorted(first.values(), key=lambda d: d.step)
     for name in sorted(skipped):
         result.notes.append(f"{name}: not recorded by one of the runs (fp16 scaler or DeepSpeed), not compared")
+    if run.get("optimizer_prepared") is False or reference.get("optimizer_prepared") is False:
+        result.notes.append(UNPREPARED_OPTIMIZER_NOTE)
     return result
 
 
