@@ -626,25 +626,20 @@ REFERENCE_VENV = ROOT / ".venv-reference"
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Every benchmark in tools/bench, beside plain PyTorch and the reference ``accelerate`` release."""
-    _install_local(session, *ORDER)
+    """Every benchmark in tools/bench, beside plain PyTorch and the reference ``accelerate`` release, with
+    what they measure installed: DeepSpeed (its prebuilt-ops wheel, in both venvs), bitsandbytes, Ray. The
+    client libraries' benchmark (tools/bench/clients.py) runs from the clients' venvs and says so here; the
+    GPU one says it found no GPU. ``nox -s bench -- tools/bench/cli.py`` runs the ones named."""
+    extras = {"accel-quant": "bnb", "accel-train": "deepspeed", "accel-launch": "ray"}
+    _install_local(session, *ORDER, extras=extras, deepspeed=True)
     session.install(*_constraints(), "numpy", "safetensors", "psutil", "tqdm")
     if not (REFERENCE_VENV / "bin" / "python").exists():
         session.run("uv", "venv", "-q", str(REFERENCE_VENV), external=True)
-        session.run(
-            "uv",
-            "pip",
-            "install",
-            "-q",
-            "--python",
-            str(REFERENCE_VENV / "bin" / "python"),
-            *_constraints(),
-            "accelerate==1.15.0",
-            "numpy",
-            "safetensors",
-            "psutil",
-            external=True,
-        )
+    reference = ("accelerate==1.15.0", "numpy", "safetensors", "psutil", _deepspeed_wheel(session))
+    session.run(
+        "uv", "pip", "install", "-q", "--python", str(REFERENCE_VENV / "bin" / "python"), *_constraints(), *reference,
+        external=True,
+    )  # fmt: skip
     # every ratio is also appended to .bench-results.jsonl, which the docs site plots
     env = {
         "ACCEL_REFERENCE_PYTHON": str(REFERENCE_VENV / "bin" / "python"),

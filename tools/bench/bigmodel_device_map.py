@@ -17,9 +17,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import ratio_line, reference_python, run_json, this_python
+from _common import ratio_line, reference_python, run_json, section, this_python
 
-WORKER = os.path.join(os.path.dirname(__file__), "bigmodel_worker.py")
+WORKER = os.path.join(os.path.dirname(__file__), "_bigmodel_worker.py")
 
 
 def main() -> None:
@@ -35,13 +35,14 @@ def main() -> None:
         plain = run_json(me, WORKER, "devmap", "--n", str(n), "--mode", "plain", "--repeat", "5")["seconds"]
         ours = run_json(me, WORKER, "devmap", "--n", str(n), "--repeat", "5")["seconds"]
         per_module[n] = ours / n
-        print(f"\n{n} leaf modules")
+        section(f"{n} leaf modules")
         print(ratio_line("accel infer_auto_device_map vs plain greedy", ours, plain, goal="<= 2"))
         if ref and n <= args.reference_max_n:
             theirs = run_json(ref, WORKER, "devmap", "--n", str(n), "--lib", "reference", "--repeat", "1")["seconds"]
             print(ratio_line("reference vs plain greedy", theirs, plain))
             print(ratio_line("accel vs reference", ours, theirs, goal="<= 0.1"))
-    print("\nlinearity: accel time per module (us) " + ", ".join(f"{n}: {t * 1e6:.2f}" for n, t in per_module.items()))
+    section("linearity")
+    print("accel time per module (us) " + ", ".join(f"{n}: {t * 1e6:.2f}" for n, t in per_module.items()))
     print(
         ratio_line(
             "per-module time, 20,000 vs 5,000 modules",

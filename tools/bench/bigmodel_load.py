@@ -19,9 +19,9 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import ratio_line, reference_python, run_json, this_python
+from _common import ratio_line, reference_python, run_json, section, this_python
 
-WORKER = os.path.join(os.path.dirname(__file__), "bigmodel_worker.py")
+WORKER = os.path.join(os.path.dirname(__file__), "_bigmodel_worker.py")
 
 
 def main() -> None:
@@ -45,7 +45,7 @@ def main() -> None:
         plain = run_json(me, WORKER, "load", *common, "--mode", "plain")["seconds"]
         ours = run_json(me, WORKER, "load", *common, "--mode", "lib")["seconds"]
         ours_off = run_json(me, WORKER, "load", *common, "--mode", "offload")["seconds"]
-        print(f"\n{label} (scale {args.scale})")
+        section(f"{label} (scale {args.scale})")
         print(ratio_line("accel, device_map={'': 'cpu'} vs plain", ours, plain, goal="<= 1.2"))
         print(ratio_line("accel, half on disk (auto) vs plain", ours_off, plain, goal="<= 3"))
         if ref:

@@ -25,7 +25,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import ratio_line, reference_python, run_json, this_python
 
-WORKER = os.path.join(os.path.dirname(__file__), "bigmodel_worker.py")
+WORKER = os.path.join(os.path.dirname(__file__), "_bigmodel_worker.py")
 
 
 def _row(label: str, result: dict[str, float]) -> None:

@@ -18,9 +18,9 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import ratio_line, reference_python, run_json, this_python
+from _common import ratio_line, reference_python, run_json, section, this_python
 
-WORKER = os.path.join(os.path.dirname(__file__), "bigmodel_worker.py")
+WORKER = os.path.join(os.path.dirname(__file__), "_bigmodel_worker.py")
 
 
 def main() -> None:
@@ -53,7 +53,7 @@ def main() -> None:
         memory = run_json(me, WORKER, "forward", *common, "--mode", "memory")["seconds"]
         run_json(me, WORKER, "forward", *common, "--mode", "prepare")
         ours = run_json(me, WORKER, "forward", *common)
-        print(f"\n{label} (scale {args.scale}, {args.threads} thread(s))")
+        section(f"{label} (scale {args.scale}, {args.threads} thread(s))")
         print(ratio_line("accel disk_offload forward vs in memory", ours["seconds"], memory, goal=goal))
         print(
             f"  outputs equal: {ours['equal']}; extra peak memory {ours['extra_peak_bytes'] / 2**20:.1f} MiB "

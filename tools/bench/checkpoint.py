@@ -95,7 +95,7 @@ def _run(python: str, framework: str, repeats: int) -> dict:
 
 def main() -> None:
     sys.path.insert(0, HERE)
-    from _common import reference_python, this_python
+    from _common import ratio_line, reference_python, this_python
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
@@ -112,12 +112,17 @@ def main() -> None:
         f"{'':<12} {'save_state':>10} {'torch.save':>10} {'ratio':>6}   {'load_state':>10} {'torch.load':>10} {'ratio':>6}"
     )
     for name, row in rows:
+        prefix = "" if name == "accel" else "reference: "
+        ratio_line(f"{prefix}save_state / torch.save", row["save"], row["torch_save"])
+        ratio_line(f"{prefix}load_state / torch.load", row["load"], row["torch_load"])
         print(
             f"{name:<12} {row['save']:9.3f}s {row['torch_save']:9.3f}s {row['torch_save'] / row['save']:6.2f}   "
             f"{row['load']:9.3f}s {row['torch_load']:9.3f}s {row['torch_load'] / row['load']:6.2f}"
         )
     if len(rows) == 2:
         ours, ref = rows[0][1], rows[1][1]
+        ratio_line("accel vs reference: save_state", ours["save"], ref["save"], goal="<= 1.00")
+        ratio_line("accel vs reference: load_state", ours["load"], ref["load"], goal="<= 1.00")
         print(
             f"accel / reference time: save {ours['save'] / ref['save']:.2f}, load {ours['load'] / ref['load']:.2f} (goal <= 1.00)"
         )

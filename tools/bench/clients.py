@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1] / "integration_tests" / "clients"))
 
 import cases  # noqa: E402
-from _common import ratio_line  # noqa: E402
+from _common import ratio_line, skipped_without  # noqa: E402
 
 DEFAULT_REFERENCE = pathlib.Path(tempfile.gettempdir()) / "accel-client-reference" / "bin" / "python"
 
@@ -70,6 +70,10 @@ def main() -> None:
     parser.add_argument("--accel", default=sys.executable, help="accel's interpreter (default: this one)")
     parser.add_argument("--profile", type=pathlib.Path, help="write CASE-SYSTEM.prof here instead of timing")
     options = parser.parse_args()
+    if options.accel == sys.executable and skipped_without(
+        "trl", "diffusers", hint="run it with the interpreter of the clients session's venv, see this docstring"
+    ):
+        return
     if not pathlib.Path(options.reference).exists():
         raise SystemExit(f"no reference interpreter at {options.reference}: run tools/record_client_reference.py")
     chosen = [case for case in cases.CASES if case.name in options.cases]

@@ -31,7 +31,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import median_seconds, ratio_line, run_json, this_python
+from _common import median_seconds, ratio_line, run_json, skipped_without, this_python
 
 
 def build_model(width: int, blocks: int, vocab: int):  # type: ignore[no-untyped-def]
@@ -171,6 +171,8 @@ def main() -> None:
     if args.worker is not None:
         args.mode = args.worker
         worker(args)
+        return
+    if skipped_without("bitsandbytes", hint='install "accel-quant[bnb]" or bitsandbytes'):
         return
 
     root = tempfile.mkdtemp(prefix="accel-bench-quant-")

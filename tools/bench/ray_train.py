@@ -23,7 +23,7 @@ import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from _common import ROOT, ratio_line
+from _common import ROOT, ratio_line, skipped_without
 
 EXAMPLE = ROOT / "examples" / "ray_train.py"
 
@@ -79,6 +79,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=2, help="runs per path")
     args = parser.parse_args()
+    if skipped_without("ray", hint='install "accel-launch[ray]"'):
+        return 0
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     with tempfile.TemporaryDirectory(prefix="accel-bench-ray-") as tmp:
         work = pathlib.Path(tmp)

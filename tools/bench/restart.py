@@ -27,7 +27,7 @@ import time
 
 from _common import ROOT, ratio_line, reference_python
 
-WORKER = str(ROOT / "tools" / "bench" / "restart_worker.py")
+WORKER = str(ROOT / "tools" / "bench" / "_restart_worker.py")
 
 
 def _port() -> int:

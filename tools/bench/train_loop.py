@@ -195,7 +195,7 @@ def _run(python: str, framework: str, model_name: str, accumulation: int, proces
 
 def main() -> None:
     sys.path.insert(0, HERE)
-    from _common import reference_python, this_python
+    from _common import record_result, reference_python, this_python
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
@@ -226,9 +226,30 @@ def main() -> None:
                     + ("  ok  " if ratio >= goal else " BELOW")
                     + f" {ours['added_us']:8.1f}"
                 )
+                case = f"{model_name} accum={accumulation} procs={processes}"
+                # the ratio is the median of the alternated pairs (plain time / prepared time), not best / best
+                record_result(
+                    f"{case}: prepared / plain", ours["prepared"], ours["plain"], ratio, "steps/s", f">= {goal}"
+                )
                 if reference is not None:
                     ref = _run(reference, "reference", model_name, accumulation, processes, repeats)
                     line += f"   {ref['prepared']:9.1f} {ref['ratio']:7.3f} {ref['added_us']:8.1f}"
+                    record_result(
+                        f"reference: {case}: prepared / plain",
+                        ref["prepared"],
+                        ref["plain"],
+                        ref["ratio"],
+                        "steps/s",
+                        "",
+                    )
+                    record_result(
+                        f"{case}: accel vs reference, prepared",
+                        ours["prepared"],
+                        ref["prepared"],
+                        ours["prepared"] / ref["prepared"],
+                        "steps/s",
+                        "",
+                    )
                 print(line, flush=True)
 
 

@@ -99,6 +99,21 @@ def test_summary_adds_up_the_cpu_records_per_run_and_names_the_dearest_tests(tmp
     assert dearest == [(31.5, "integration: t.py::a"), (10.0, "tests-accel: u.py::c")]
 
 
+def test_the_bench_session_runs_no_helper_script() -> None:
+    """``nox -s bench`` runs every tools/bench script whose name does not start with ``_``; a script that
+    another one starts as its worker (named there as ``"X.py"``) must be one it skips."""
+    import re
+
+    bench = TOOLS / "bench"
+    scripts = {path.name for path in bench.glob("*.py")}
+    started = set()
+    for path in bench.glob("*.py"):  # paths built from this folder: `dirname(__file__)` or `... / "bench" / "X.py"`
+        found = re.findall(r'(?:__file__|"bench")[^\n]*"([A-Za-z_0-9]+\.py)"', path.read_text())
+        started |= {name for name in found if name in scripts}
+    assert started, "no bench script starts another: the check would be empty"
+    assert sorted(name for name in started if not name.startswith("_")) == []
+
+
 def test_affected_cli_runs() -> None:
     out = subprocess.run(
         [sys.executable, str(TOOLS / "affected.py"), "--files", "packages/accel-launch/x"],
