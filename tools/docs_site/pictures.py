@@ -151,19 +151,91 @@ def ratio_plot(records: list[dict], title: str) -> bytes:
     labels = [f"{r['script']}: {r['label']}" for r in records]
     ratios = [r["ratio"] for r in records]
     figure, axes = plt.subplots(figsize=(9, 0.32 * len(records) + 1.2))
-    colours = ["#43a047" if value <= 1.0 else "#e53935" for value in ratios]
+    colours = ["#43a047" if _better_than_baseline(r) else "#e53935" for r in records]
     axes.barh(range(len(records)), ratios, color=colours)
     axes.set_xlim(0, max(2.0, max(ratios) * 1.05))
     axes.set_yticks(range(len(records)), labels, fontsize=8)
     axes.invert_yaxis()
     axes.axvline(1.0, color="#333", linewidth=1)
-    axes.set_xlabel("ratio (accel / baseline; below 1 is better for time and memory)")
+    axes.set_xlabel("ratio (accel / baseline; green: better than the baseline, below 1 for time and memory)")
     axes.set_title(title, fontsize=10)
     figure.tight_layout()
     buffer = io.BytesIO()
     figure.savefig(buffer, format="svg", metadata={"Date": None})
     plt.close(figure)
     return buffer.getvalue()
+
+
+#: Benchmarks that measure a GPU and record nothing without one (the page names them while unmeasured).
+GPU_BENCHMARKS = {
+    "gpu_train_loop": "steps/s of a prepared loop against plain PyTorch on one GPU (no, bf16, fp16)",
+}
+
+
+def _higher_is_better(record: dict) -> bool:
+    """A rate (steps/s, tokens/s, samples/s) or a goal written ``>= x``: the bigger ratio is the better one."""
+    return str(record.get("goal", "")).lstrip().startswith(">") or "/s" in str(record.get("unit", ""))
+
+
+def _better_than_baseline(record: dict) -> bool:
+    return record["ratio"] >= 1.0 if _higher_is_better(record) else record["ratio"] <= 1.0
+
+
+def _meets(record: dict) -> str:
+    """``yes`` / ``no`` against a goal ``<= x`` or ``>= x``; empty without one."""
+    goal = str(record.get("goal", "")).replace(" ", "")
+    for sign, holds in (("<=", lambda r, g: r <= g), (">=", lambda r, g: r >= g)):
+        if goal.startswith(sign):
+            try:
+                return "yes" if holds(record["ratio"], float(goal[2:].rstrip("x\N{MULTIPLICATION SIGN}"))) else "no"
+            except ValueError:
+                return ""
+    return ""
+
+
+def _machine_line(records: list[dict]) -> str:
+    """Where and when the figures were measured, from the records' ``machine`` and ``time`` fields."""
+    machines = {json.dumps(r["machine"], sort_keys=True) for r in records if r.get("machine")}
+    times = sorted(r["time"] for r in records if r.get("time"))
+    when = "" if not times else f" at {times[0]}" if times[0] == times[-1] else f" between {times[0]} and {times[-1]}"
+    if len(machines) != 1:
+        return f"Measured{when} on {'several machines' if machines else 'a machine the records do not describe'}."
+    machine = json.loads(machines.pop())
+    gpu = f", GPU {machine['gpu']}" if machine.get("gpu") else ", no GPU"
+    return (
+        f"Measured{when} on {machine.get('cores')} CPU cores ({machine.get('cpu')}){gpu}, "
+        f"{machine.get('system')}, Python {machine.get('python')}, torch {machine.get('torch')}, "
+        f"accel {machine.get('accel')}."
+    )
+
+
+def _value(number: object, unit: str) -> str:
+    return f"{number:.4g} {unit}".strip() if isinstance(number, (int, float)) else ""
+
+
+def results_table(records: list[dict]) -> str:
+    """Markdown table of every ratio: benchmark, row, accel's figure, the baseline's, ratio, goal, met,
+    and whether it ran on a GPU (a row without one is a CPU figure)."""
+    rows = [
+        "| benchmark | row | measured | baseline | ratio | goal | met | device |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(records, key=lambda r: (r["script"], r["label"])):
+        device = "GPU" if (r.get("machine") or {}).get("gpu") else "CPU"
+        unit = r.get("unit", "")
+        # the reference release's own figures: the goal printed beside them is accel's, not theirs
+        goal, met = ("", "") if r["label"].lstrip().startswith("reference") else (r.get("goal", ""), _meets(r))
+        cells = [
+            f"`{r['script']}`", r["label"].replace("|", "\\|"), _value(r.get("value"), unit),
+            _value(r.get("baseline"), unit), f"{r['ratio']:.3f}", goal, met, device,
+        ]  # fmt: skip
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _unmeasured_gpu(records: list[dict]) -> list[str]:
+    measured = {r["script"] for r in records if (r.get("machine") or {}).get("gpu")}
+    return [f"`tools/bench/{name}.py`: {what}" for name, what in GPU_BENCHMARKS.items() if name not in measured]
 
 
 def benchmark_files(path: pathlib.Path = BENCH_RESULTS) -> tuple[str, dict[str, bytes]]:
@@ -180,7 +252,7 @@ def benchmark_files(path: pathlib.Path = BENCH_RESULTS) -> tuple[str, dict[str, 
     against_reference = [r for r in records if "reference" in r["label"] and not r["label"].startswith("reference")]
     against_plain = [r for r in records if "reference" not in r["label"]]
     files: dict[str, bytes] = {}
-    text = [f"{len(records)} ratios from `{path.name}`, as the benchmarks printed them.", ""]
+    text = [f"{len(records)} ratios from `{path.name}`, as the benchmarks printed them. {_machine_line(records)}", ""]
     for name, subset, title in (
         ("bench-vs-plain.svg", against_plain, "accel against plain PyTorch (or the stated baseline)"),
         ("bench-vs-reference.svg", against_reference, "accel against the reference Accelerate release"),
@@ -188,4 +260,9 @@ def benchmark_files(path: pathlib.Path = BENCH_RESULTS) -> tuple[str, dict[str, 
         if subset:
             files[f"images/{name}"] = ratio_plot(subset, title)
             text += [f"![{title}](images/{name})", ""]
+    text += ["Every row (the device column says where it ran):", "", results_table(records), ""]
+    unmeasured = _unmeasured_gpu(records)
+    if unmeasured:
+        text += ["Not measured in these results (no GPU on the machine that ran them):", ""]
+        text += [f"- {line}" for line in unmeasured] + [""]
     return "\n".join(text), files

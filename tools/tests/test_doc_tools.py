@@ -317,6 +317,38 @@ def test_benchmark_section_says_so_when_there_are_no_results(tmp_path: pathlib.P
     assert [r["ratio"] for r in pictures.read_results(results)] == [0.9]  # the latest record of a label
 
 
+def test_benchmark_rows_say_where_they_ran_and_whether_they_meet_their_goal() -> None:
+    machine = {"cores": 2, "cpu": "Some CPU", "gpu": None, "python": "3.11.7", "torch": "2.13.0", "accel": "0.9.0",
+               "system": "Linux-6"}  # fmt: skip
+    records = [
+        {"script": "load", "label": "accel vs raw", "value": 0.3, "baseline": 0.2, "ratio": 1.5, "unit": "s",
+         "goal": "<= 1.2", "time": "2026-11-28T10:00:00", "machine": machine},
+        {"script": "steps", "label": "prepared | plain", "value": 9.9, "baseline": 10.0, "ratio": 0.99,
+         "unit": "steps/s", "goal": ">= 0.97", "time": "2026-11-28T11:00:00", "machine": machine},
+    ]  # fmt: skip
+    line = pictures._machine_line(records)
+    assert "between 2026-11-28T10:00:00 and 2026-11-28T11:00:00 on 2 CPU cores (Some CPU), no GPU" in line
+    assert "torch 2.13.0" in line and "accel 0.9.0" in line
+    table = pictures.results_table(records).splitlines()
+    assert table[2] == "| `load` | accel vs raw | 0.3 s | 0.2 s | 1.500 | <= 1.2 | no | CPU |"
+    assert table[3] == "| `steps` | prepared \\| plain | 9.9 steps/s | 10 steps/s | 0.990 | >= 0.97 | yes | CPU |"
+    # a rate below its baseline is worse, a time below its baseline better
+    assert not pictures._better_than_baseline(records[1]) and pictures._better_than_baseline(
+        {**records[0], "ratio": 0.9}
+    )
+    assert pictures._unmeasured_gpu(records) == [
+        f"`tools/bench/gpu_train_loop.py`: {pictures.GPU_BENCHMARKS['gpu_train_loop']}"
+    ]
+    on_gpu = [{**records[0], "script": "gpu_train_loop", "machine": {**machine, "gpu": "NVIDIA H200"}}]
+    assert pictures._unmeasured_gpu(on_gpu) == [] and pictures.results_table(on_gpu).endswith("| GPU |")
+    assert "several machines" in pictures._machine_line([*records, *on_gpu])
+    theirs = [{**records[0], "label": "reference: call vs raw", "ratio": 9.0}]  # the goal beside it is accel's
+    assert pictures.results_table(theirs).splitlines()[2].endswith("| 9.000 |  |  | CPU |")
+    assert pictures._machine_line([{**records[0], "machine": None}]) == (
+        "Measured at 2026-11-28T10:00:00 on a machine the records do not describe."
+    )
+
+
 def test_browser_check_finds_marks_in_a_real_page(tmp_path: pathlib.Path) -> None:
     browser = check_browser.find_browser()
     if browser is None:
