@@ -228,6 +228,18 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _forward_seconds(model: Any, x: Any, repeat: int) -> tuple[Any, float]:
+    """The output of one untimed forward (which also warms up), and the mean seconds of ``repeat`` more."""
+    import torch
+
+    with torch.no_grad():
+        out = model(x)
+        start = time.perf_counter()
+        for _ in range(repeat):
+            model(x)
+    return out, (time.perf_counter() - start) / repeat
+
+
 def forward(args: argparse.Namespace) -> dict[str, Any]:
     count, width = (8, 4096) if args.kind == "large" else (10000, 32)
     count = max(2, int(count * args.scale))
@@ -239,12 +251,7 @@ def forward(args: argparse.Namespace) -> dict[str, Any]:
     if args.mode == "memory":
         torch.manual_seed(1)
         model = Wide(count, width).eval()
-        with torch.no_grad():
-            out = model(x)
-            start = time.perf_counter()
-            for _ in range(args.repeat):
-                model(x)
-        result["seconds"] = (time.perf_counter() - start) / args.repeat
+        out, result["seconds"] = _forward_seconds(model, x, args.repeat)
         torch.save(out, folder + ".expected.pt")
         torch.save(model.state_dict(), folder + ".state.pt")
         return result
@@ -260,12 +267,7 @@ def forward(args: argparse.Namespace) -> dict[str, Any]:
     base = _rss()
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     module.disk_offload(model, folder, execution_device="cpu")
-    with torch.no_grad():
-        out = model(x)
-        start = time.perf_counter()
-        for _ in range(args.repeat):
-            model(x)
-    result["seconds"] = (time.perf_counter() - start) / args.repeat
+    out, result["seconds"] = _forward_seconds(model, x, args.repeat)
     expected = torch.load(args.path + ".expected.pt", weights_only=True)
     result["equal"] = bool(torch.equal(out, expected))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
