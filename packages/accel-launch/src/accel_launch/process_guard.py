@@ -42,6 +42,9 @@ def reserve_loopback_port(plan: LaunchPlan) -> socket.socket | None:
         return None
     port = int(plan.main_process_port or 0) if plan.port_given else 0
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # as servers do (torch's store too): a port another program just closed (TIME_WAIT) is free to take,
+    # while one something listens on is still refused
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(("127.0.0.1", port))
         sock.listen(512)
@@ -117,6 +120,7 @@ def worker_stores_on_loopback(enabled: bool) -> Iterator[None]:
 
     def build(rank: int, store: Any, local_addr: str | None, server_port: int | None = None) -> Any:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         sock.listen(512)
         port = int(sock.getsockname()[1])

@@ -40,7 +40,6 @@ from accel_launch.process_guard import (
     workers_die_with_launcher,
 )
 from accel_launch.values import ConfigError
-from accel_state import ports
 from accel_state.install_hints import install_hint
 
 #: Exit status of a launch stopped by SIGTERM (128 + 15, as a shell reports it): what a scheduler's
@@ -80,8 +79,10 @@ def _can_bind(port: int) -> bool:
 
 
 def free_port() -> int:
-    """A TCP port nobody listens on on any interface, kept from other port-0 binds until the store takes it."""
-    return ports.free_port("")
+    """A TCP port nobody listens on right now (free at once for any program, as the documented helper's)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
 
 
 def check_script(plan: LaunchPlan) -> None:
