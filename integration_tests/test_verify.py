@@ -243,6 +243,53 @@ def test_zero3_without_the_16bit_export_agrees_with_one_process(script, tmp_path
     assert saved["records"]["run"]["distributed_type"] == "DEEPSPEED" and saved["parameter_max_abs_diff"]
 
 
+PIPELINE_SCRIPT = textwrap.dedent(
+    """
+    import os
+    import torch
+    from accel import Accelerator, ParallelismConfig
+    from accel.utils import PipelineParallelConfig
+
+    def mse(output, target):
+        return torch.nn.functional.mse_loss(output, target)
+
+    stages = int(os.environ.get("PARALLELISM_CONFIG_PP_SIZE", "1"))  # the reference runs without the pipeline
+    if stages > 1:
+        pipeline = PipelineParallelConfig(schedule="1f1b", num_microbatches=2, loss_fn=mse)
+        accelerator = Accelerator(parallelism_config=ParallelismConfig(pp_size=stages, pp_handler=pipeline))
+    else:
+        accelerator = Accelerator()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    generator = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4, generator=generator), torch.randn(64, 1, generator=generator))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for x, y in loader:
+        with accelerator.accumulate(model):
+            loss = model(x, target=y) if stages > 1 else mse(model(x), y)  # the pipeline runs forward and backward
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+)
+
+
+def test_two_pipeline_stages_train_like_one_process_and_resume_exactly(tmp_path) -> None:
+    script = tmp_path / "pipeline_train.py"
+    script.write_text(PIPELINE_SCRIPT)
+    pipeline = ["--use_parallelism_config", "--parallelism_config_pp_size", "2"]
+    result = _verify(["--num_processes", "2", *pipeline, "--steps", "3", "--resume-at", "2", str(script)], tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # pipeline peers read the same batches: the reference is one process
+    assert "accel verify: reference: ddp on 1 process(es), one per data-parallel rank of the run" in result.stdout
+    assert "accel verify: resumed: saved after step 2, loaded by the recorder, steps 3-3" in result.stdout
+    assert result.stdout.strip().endswith("accel verify: the runs agree")
+
+
 _DEEPSPEED = pytest.mark.skipif(not is_deepspeed_available(), reason='needs "accel-train[deepspeed]"')
 #: Layouts whose ``--resume-at`` run must equal its own uninterrupted run (and the run its DDP reference).
 RESUME_LAYOUTS = {
